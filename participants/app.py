@@ -1,0 +1,19 @@
+"""The example deployment: the order saga and its three participants.
+
+    celery -A participants.app worker -Q saga.replies,saga.maintenance -n orchestrator@%h
+    celery -A participants.app worker -Q inventory.commands -n inventory@%h
+    celery -A participants.app beat
+"""
+
+from __future__ import annotations
+
+from participants import inventory, orders, payments
+from participants.order_saga import ORDER_SAGA
+from saga_tasks import SagaApp
+
+saga_app = SagaApp(
+    sagas=[ORDER_SAGA],
+    participants=[orders.participant, inventory.participant, payments.participant],
+    name="participants",
+)
+app = saga_app.celery

@@ -1,0 +1,105 @@
+"""Inventory: reserves stock for an order's items and releases it.
+
+Stock rows are locked in SKU order, so two reservations never deadlock. An unknown
+SKU or too little stock is a business failure; a partial reservation is rolled back
+with the savepoint the framework holds around every handler.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import CheckConstraint, Column, DateTime, Integer, Table, Text, select, update
+from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
+
+from saga_tasks import BusinessRejection, CommandContext, Participant
+
+participant = Participant("inventory")
+
+stock = Table(
+    "stock",
+    participant.metadata,
+    Column("sku", Text, primary_key=True),
+    Column("on_hand", Integer, nullable=False),
+    Column("reserved", Integer, nullable=False),
+    CheckConstraint("reserved >= 0 AND reserved <= on_hand", name="ck_stock_reserved"),
+    schema="inventory",
+)
+
+reservation = Table(
+    "reservation",
+    participant.metadata,
+    Column("reservation_id", UUID(as_uuid=False), primary_key=True),
+    Column("command_id", UUID(as_uuid=False), nullable=False, unique=True),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("items", JSONB, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("released_at", DateTime(timezone=True)),
+    schema="inventory",
+)
+
+_RESERVATION_IDS = uuid.UUID("5a0e1c2b-7b39-4d8f-a4a2-31f6f6f0c9d3")
+
+
+def _quantities(items: Any) -> dict[str, int]:
+    wanted: dict[str, int] = {}
+    for item in items:
+        wanted[item["sku"]] = wanted.get(item["sku"], 0) + int(item["qty"])
+    return wanted
+
+
+@participant.command("reserve")
+def reserve(ctx: CommandContext) -> Mapping[str, Any]:
+    """Reserve every item of the order, or none."""
+    wanted = _quantities(ctx.payload["items"])
+    rows = {
+        r.sku: r
+        for r in ctx.conn.execute(
+            select(stock.c.sku, stock.c.on_hand, stock.c.reserved)
+            .where(stock.c.sku.in_(sorted(wanted)))
+            .order_by(stock.c.sku)
+            .with_for_update()
+        )
+    }
+    for sku, qty in sorted(wanted.items()):
+        row = rows.get(sku)
+        if row is None:
+            raise BusinessRejection("unknown_sku", f"{sku} is not stocked")
+        if row.on_hand - row.reserved < qty:
+            raise BusinessRejection("out_of_stock", f"{sku}: {row.on_hand - row.reserved} free, {qty} asked")
+        ctx.conn.execute(update(stock).where(stock.c.sku == sku).values(reserved=stock.c.reserved + qty))
+    reservation_id = str(uuid.uuid5(_RESERVATION_IDS, ctx.command_id))
+    ctx.conn.execute(
+        insert(reservation).values(
+            reservation_id=reservation_id,
+            command_id=ctx.command_id,
+            saga_id=ctx.saga_id,
+            items=[{"sku": s, "qty": q} for s, q in sorted(wanted.items())],
+            status="RESERVED",
+            created_at=ctx.now,
+        )
+    )
+    return {"reservation_id": reservation_id}
+
+
+@participant.compensation("release", undoes="reserve")
+def release(ctx: CommandContext) -> Mapping[str, Any]:
+    """Give back what the reservation holds; a released or missing one changes nothing."""
+    row = ctx.conn.execute(
+        select(reservation.c.reservation_id, reservation.c["items"])
+        .where(reservation.c.command_id == ctx.command.compensates, reservation.c.status == "RESERVED")
+        .with_for_update()
+    ).first()
+    if row is None:
+        return {"released": False}
+    for sku, qty in sorted(_quantities(row._mapping["items"]).items()):
+        ctx.conn.execute(update(stock).where(stock.c.sku == sku).values(reserved=stock.c.reserved - qty))
+    ctx.conn.execute(
+        update(reservation)
+        .where(reservation.c.reservation_id == row.reservation_id)
+        .values(status="RELEASED", released_at=ctx.now)
+    )
+    return {"released": True, "reservation_id": row.reservation_id}

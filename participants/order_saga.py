@@ -1,0 +1,46 @@
+"""The order saga: create order -> reserve stock -> authorize payment -> confirm order.
+
+Stock failure cancels the order; a declined payment releases the stock and cancels
+the order. Confirming is the point of no return, so it has no compensation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from participants import inventory, orders, payments
+from saga_tasks import saga, step
+
+Reference = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class OrderItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sku: Reference
+    qty: int = Field(ge=1, le=1000)
+
+
+class OrderPayload(BaseModel):
+    """What starting an order saga takes: references and amounts, nothing personal."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    customer_id: Reference
+    items: list[OrderItem] = Field(min_length=1, max_length=50)
+    amount_cents: int = Field(ge=1, le=100_000_000)
+    demo_faults: dict[str, str] | None = None
+
+
+ORDER_SAGA = saga(
+    "order",
+    step("create_order", orders.create, compensation=orders.cancel, timeout=30),
+    step("reserve_stock", inventory.reserve, compensation=inventory.release, timeout=30),
+    step("authorize_payment", payments.authorize, compensation=payments.void, timeout=60),
+    step("confirm_order", orders.confirm, timeout=30),
+    version=1,
+    timeout=600,
+    payload=OrderPayload,
+)

@@ -1,0 +1,86 @@
+"""Payments: authorizes an amount against a customer's credit limit, and voids it.
+
+The decline rule is data: a customer's open authorizations plus this amount must
+stay within their credit limit. An unknown customer is declined too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Column, DateTime, Integer, Table, Text, func, select, update
+from sqlalchemy.dialects.postgresql import UUID, insert
+
+from saga_tasks import BusinessRejection, CommandContext, Participant
+
+participant = Participant("payments")
+
+customer = Table(
+    "customer",
+    participant.metadata,
+    Column("customer_id", Text, primary_key=True),
+    Column("credit_limit_cents", Integer, nullable=False),
+    schema="payments",
+)
+
+authorization = Table(
+    "authorization",
+    participant.metadata,
+    Column("authorization_id", UUID(as_uuid=False), primary_key=True),
+    Column("command_id", UUID(as_uuid=False), nullable=False, unique=True),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("customer_id", Text, nullable=False),
+    Column("amount_cents", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("voided_at", DateTime(timezone=True)),
+    schema="payments",
+)
+
+_AUTHORIZATION_IDS = uuid.UUID("c4b8e6a2-1d3f-4e5a-9b7c-8d2e1f0a3b5c")
+
+
+@participant.command("authorize")
+def authorize(ctx: CommandContext) -> Mapping[str, Any]:
+    """Authorize the order's amount, or decline it."""
+    customer_id = ctx.payload["customer_id"]
+    amount = int(ctx.payload["amount_cents"])
+    limit = ctx.conn.execute(
+        select(customer.c.credit_limit_cents).where(customer.c.customer_id == customer_id).with_for_update()
+    ).scalar_one_or_none()
+    if limit is None:
+        raise BusinessRejection("unknown_customer", "no payment account for this customer")
+    open_amount = ctx.conn.execute(
+        select(func.coalesce(func.sum(authorization.c.amount_cents), 0)).where(
+            authorization.c.customer_id == customer_id, authorization.c.status == "AUTHORIZED"
+        )
+    ).scalar_one()
+    if open_amount + amount > limit:
+        raise BusinessRejection("declined", "credit limit exceeded")
+    authorization_id = str(uuid.uuid5(_AUTHORIZATION_IDS, ctx.command_id))
+    ctx.conn.execute(
+        insert(authorization).values(
+            authorization_id=authorization_id,
+            command_id=ctx.command_id,
+            saga_id=ctx.saga_id,
+            customer_id=customer_id,
+            amount_cents=amount,
+            status="AUTHORIZED",
+            created_at=ctx.now,
+        )
+    )
+    return {"authorization_id": authorization_id}
+
+
+@participant.compensation("void", undoes="authorize")
+def void(ctx: CommandContext) -> Mapping[str, Any]:
+    """Void the authorization; a voided or missing one changes nothing."""
+    voided = ctx.conn.execute(
+        update(authorization)
+        .where(authorization.c.command_id == ctx.command.compensates, authorization.c.status == "AUTHORIZED")
+        .values(status="VOIDED", voided_at=ctx.now)
+        .returning(authorization.c.authorization_id)
+    ).first()
+    return {"voided": voided is not None}

@@ -1,0 +1,77 @@
+"""saga_tasks: saga orchestration for Celery, RabbitMQ as transport, PostgreSQL as the truth."""
+
+from saga_tasks.app import SagaApp, default_app, load_app, start_saga
+from saga_tasks.config import Settings
+from saga_tasks.decider import CommandIntent, Decision, HistoryEntry, decide
+from saga_tasks.definitions import LateReplyPolicy, RetryPolicy, SagaDefinition, Step, saga, step
+from saga_tasks.errors import (
+    BusinessKeyConflict,
+    BusinessRejection,
+    ConfigurationError,
+    DefinitionError,
+    DependencyCycle,
+    DuplicateStep,
+    InputError,
+    InvalidMessage,
+    InvalidPayload,
+    MissingQueue,
+    SagaNotFound,
+    SagaTasksError,
+    ServiceUnavailable,
+    TransientError,
+    UnknownDependency,
+    UnknownSagaType,
+)
+from saga_tasks.events import ReplyReceived, Started
+from saga_tasks.model import SagaState, StepState
+from saga_tasks.orchestration import SagaHandle
+from saga_tasks.participant import CommandContext, Participant
+from saga_tasks.states import SagaStatus, StepStatus
+
+__all__ = [
+    # defining sagas
+    "LateReplyPolicy",
+    "RetryPolicy",
+    "SagaDefinition",
+    "Step",
+    "saga",
+    "step",
+    # writing participants
+    "BusinessRejection",
+    "CommandContext",
+    "Participant",
+    "TransientError",
+    # running
+    "SagaApp",
+    "SagaHandle",
+    "Settings",
+    "default_app",
+    "load_app",
+    "start_saga",
+    # the pure core
+    "CommandIntent",
+    "Decision",
+    "HistoryEntry",
+    "ReplyReceived",
+    "SagaState",
+    "SagaStatus",
+    "Started",
+    "StepState",
+    "StepStatus",
+    "decide",
+    # errors
+    "BusinessKeyConflict",
+    "ConfigurationError",
+    "DefinitionError",
+    "DependencyCycle",
+    "DuplicateStep",
+    "InputError",
+    "InvalidMessage",
+    "InvalidPayload",
+    "MissingQueue",
+    "SagaNotFound",
+    "SagaTasksError",
+    "ServiceUnavailable",
+    "UnknownDependency",
+    "UnknownSagaType",
+]

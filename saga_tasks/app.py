@@ -1,0 +1,161 @@
+"""``SagaApp``: saga definitions, participants and settings, and the Celery app that runs them.
+
+Built from explicit lists; importing a module registers nothing. One SagaApp serves
+every process of a deployment (orchestrator, participant workers, beat, CLI, web):
+each worker picks its queue with ``-Q``.
+
+    saga_app = SagaApp(sagas=[ORDER_SAGA], participants=[orders, inventory, payments])
+    app = saga_app.celery        # celery -A yourmodule worker -Q saga.replies
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from saga_tasks.clock import Clock, SystemClock
+from saga_tasks.config import Settings
+from saga_tasks.definitions import SagaDefinition
+from saga_tasks.errors import ConfigurationError
+from saga_tasks.messaging.publisher import Publisher
+from saga_tasks.messaging.topology import Topology
+from saga_tasks.orchestration import Orchestrator, Registry, SagaHandle
+from saga_tasks.participant import Participant, ParticipantRuntime
+from saga_tasks.persistence.db import get_engine
+from saga_tasks.persistence.tables import saga_outbox
+
+_default: SagaApp | None = None
+_default_lock = threading.Lock()
+
+
+class SagaApp:
+    """Everything one deployment of sagas needs, wired once."""
+
+    def __init__(
+        self,
+        *,
+        sagas: Sequence[SagaDefinition],
+        participants: Sequence[Participant] = (),
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        name: str = "saga_tasks",
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.clock = clock or SystemClock()
+        self.registry = Registry(sagas)
+        self.participants = {p.name: p for p in participants}
+        if len(self.participants) != len(participants):
+            raise ConfigurationError("two participants share a name")
+        queues = {p.queue for p in participants} | {q for d in sagas for q in d.queues}
+        self.topology = Topology(
+            command_queues=tuple(sorted(queues)), queue_type=self.settings.queue_type
+        )
+        self.name = name
+        self.orchestrator = Orchestrator(
+            engine=lambda: self.engine,
+            registry=self.registry,
+            topology=self.topology,
+            publisher=lambda: self.publisher,
+            clock=self.clock,
+            demo_faults=self.settings.demo_faults,
+        )
+        self.runtimes = {
+            p.name: ParticipantRuntime(
+                p,
+                engine=lambda: self.engine,
+                publisher=lambda: self.publisher,
+                clock=self.clock,
+                demo_faults=self.settings.demo_faults,
+            )
+            for p in participants
+        }
+        global _default
+        with _default_lock:
+            if _default is None:
+                _default = self
+
+    @property
+    def engine(self) -> Engine:
+        """This process's engine (a forked worker child gets its own)."""
+        return get_engine(self.settings.database_url, self.settings.db_pool_size)
+
+    @property
+    def publisher(self) -> Publisher:
+        return Publisher(self.celery, self.topology, self.settings.publish_timeout)
+
+    @cached_property
+    def celery(self) -> Celery:
+        from saga_tasks.tasks import build_celery
+
+        return build_celery(self)
+
+    def outbox_tables(self) -> list[Any]:
+        """The orchestrator's outbox and every participant's: what recovery scans."""
+        return [saga_outbox, *(p.outbox for p in self.participants.values())]
+
+    def start_saga(
+        self,
+        saga_type: str,
+        business_key: str,
+        payload: Any,
+        *,
+        session: Session | None = None,
+        traceparent: str | None = None,
+    ) -> SagaHandle:
+        """Start a saga (idempotent per type and business key); see ``Orchestrator.start``."""
+        return self.orchestrator.start(
+            saga_type, business_key, payload, session=session, traceparent=traceparent
+        )
+
+    def __repr__(self) -> str:
+        return f"SagaApp({self.name!r}, sagas={sorted({d.saga_type for d in self.registry})})"
+
+
+def default_app() -> SagaApp:
+    """The first SagaApp built in this process, else the one ``SAGA_TASKS_APP`` names."""
+    if _default is not None:
+        return _default
+    return load_app(Settings.from_env().app)
+
+
+def load_app(spec: str) -> SagaApp:
+    """Import ``module:attribute`` and check it is a SagaApp."""
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} (SAGA_TASKS_APP={spec}): {exc}") from exc
+    candidate = getattr(module, attribute or "saga_app", None)
+    if not isinstance(candidate, SagaApp):
+        raise ConfigurationError(f"{spec} is not a SagaApp (set SAGA_TASKS_APP=module:attribute)")
+    return candidate
+
+
+def start_saga(
+    saga_type: str,
+    business_key: str,
+    payload: Any,
+    *,
+    session: Session | None = None,
+    traceparent: str | None = None,
+) -> SagaHandle:
+    """Start a saga on the default app; idempotent per (saga type, business key).
+
+    With ``session``, the saga's rows are written in the caller's transaction and its
+    first commands are published after that transaction commits; nothing is sent if
+    it rolls back.
+    """
+    return default_app().start_saga(
+        saga_type, business_key, payload, session=session, traceparent=traceparent
+    )
+
+
+__all__ = ["SagaApp", "default_app", "load_app", "start_saga"]

@@ -1,0 +1,170 @@
+"""One typed settings object, read from the environment once, with local defaults.
+
+Every field names its environment variable and says what it is for; the README's
+configuration table is checked against this module by a test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from saga_tasks.errors import ConfigurationError
+
+T = TypeVar("T")
+
+
+def _env(name: str, default: Any, doc: str) -> Any:
+    from dataclasses import field
+
+    return field(default=default, metadata={"env": name, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Configuration of every saga_tasks process."""
+
+    database_url: str = _env(
+        "SAGA_DATABASE_URL",
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/saga_tasks",
+        "PostgreSQL holding sagas, outboxes, inboxes and ledgers.",
+    )
+    broker_url: str = _env(
+        "SAGA_BROKER_URL",
+        "amqp://guest:guest@127.0.0.1:5672//",
+        "RabbitMQ carrying commands and replies.",
+    )
+    result_backend: str = _env(
+        "SAGA_RESULT_BACKEND",
+        "redis://127.0.0.1:6379/0",
+        "Celery result backend (Redis); saga state never lives here.",
+    )
+    queue_type: str = _env(
+        "SAGA_QUEUE_TYPE",
+        "classic",
+        "RabbitMQ queue type of every saga queue: classic or quorum. Fixed once declared.",
+    )
+    relay_interval: float = _env(
+        "SAGA_RELAY_INTERVAL",
+        2.0,
+        "Seconds between outbox recovery passes run by beat.",
+    )
+    relay_min_age: float = _env(
+        "SAGA_RELAY_MIN_AGE",
+        5.0,
+        "An outbox row is republished by recovery once it is this many seconds old.",
+    )
+    relay_batch: int = _env(
+        "SAGA_RELAY_BATCH",
+        500,
+        "Outbox rows claimed per recovery pass and outbox.",
+    )
+    publish_timeout: float = _env(
+        "SAGA_PUBLISH_TIMEOUT",
+        5.0,
+        "Seconds to wait for the broker to confirm one publish.",
+    )
+    db_pool_size: int = _env(
+        "SAGA_DB_POOL_SIZE",
+        2,
+        "PostgreSQL connections per process (each prefork child is a process).",
+    )
+    prefetch_multiplier: int = _env(
+        "SAGA_PREFETCH_MULTIPLIER",
+        4,
+        "Unacknowledged messages a worker process may hold, per pool slot.",
+    )
+    demo_faults: bool = _env(
+        "SAGA_TASKS_DEMO_FAULTS",
+        False,
+        "1 lets demo payloads inject crashes, delays and duplicates; never set in production.",
+    )
+    log_format: str = _env(
+        "SAGA_LOG_FORMAT",
+        "text",
+        "text for people, json for log pipelines.",
+    )
+    log_level: str = _env("SAGA_LOG_LEVEL", "INFO", "Level of saga_tasks loggers.")
+    app: str = _env(
+        "SAGA_TASKS_APP",
+        "participants.app:saga_app",
+        "module:attribute of the SagaApp (definitions and participants) the CLI loads.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.queue_type not in ("classic", "quorum"):
+            raise ConfigurationError(
+                f"SAGA_QUEUE_TYPE must be 'classic' or 'quorum', not {self.queue_type!r}"
+            )
+        if self.log_format not in ("text", "json"):
+            raise ConfigurationError(f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}")
+        for name in ("relay_interval", "relay_min_age", "publish_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{_env_name(name)} must be positive")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read every field from ``env`` (default ``os.environ``); ``overrides`` win."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = f.metadata.get("env")
+            if name is None or name not in env:
+                continue
+            values[f.name] = _parse(type(f.default), env[name], name)
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def documented(cls) -> list[tuple[str, str, str]]:
+        """``(variable, default, meaning)`` for each setting, for docs and tests."""
+        return [
+            (f.metadata["env"], str(f.default), f.metadata["doc"])
+            for f in fields(cls)
+            if "env" in f.metadata
+        ]
+
+
+def _env_name(field_name: str) -> str:
+    for f in fields(Settings):
+        if f.name == field_name:
+            return str(f.metadata["env"])
+    return field_name
+
+
+def _parse(kind: type, raw: str, name: str) -> Any:
+    parsers: dict[type, Callable[[str], Any]] = {
+        bool: _parse_bool,
+        int: int,
+        float: float,
+        str: str,
+    }
+    try:
+        return parsers[kind](raw)
+    except ValueError:
+        raise ConfigurationError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, safe for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

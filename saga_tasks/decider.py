@@ -1,0 +1,460 @@
+"""The pure decider: ``decide(definition, state, event, now) -> Decision``.
+
+All saga logic lives here and nowhere else. It reads no clock, touches no database
+and sends nothing: it returns the new state, the commands to send, and the history
+entries that explain the change. Every way an event can be classified (accepted,
+duplicate, late, conflicting, invalid) is an explicit branch with a history entry.
+
+Rules, in short:
+- steps whose parents have all succeeded are sent together (fan-out); a step waits
+  for all of its parents (fan-in);
+- a failed step turns the saga to COMPENSATING: steps never sent are skipped, every
+  succeeded step is undone, children before parents, and a step still in flight is
+  undone once it answers;
+- a step without a compensation stays done (COMPENSATION_SKIPPED);
+- a refused compensation, or an answer that contradicts an earlier one, puts the
+  saga in MANUAL_REVIEW with the reason; only an operator takes it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from saga_tasks.definitions import SagaDefinition, Step
+from saga_tasks.events import Event, ReplyReceived, Started
+from saga_tasks.model import SagaState, StepState, command_id, message_id
+from saga_tasks.states import (
+    FORWARD_SUCCEEDED,
+    TERMINAL_SAGA,
+    Classification,
+    MessageKind,
+    Outcome,
+    SagaStatus,
+    StepStatus,
+)
+
+__all__ = ["CommandIntent", "Decision", "HistoryEntry", "decide"]
+
+
+@dataclass(frozen=True)
+class CommandIntent:
+    """A command or compensation to send once the decision is committed."""
+
+    saga_id: str
+    step: str
+    kind: MessageKind
+    task_name: str
+    queue: str
+    command_id: str
+    message_id: str
+    attempt: int
+    body: Mapping[str, Any]
+    compensates: str | None = None
+    """For a compensation: the id of the forward command it undoes."""
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One line of a saga's history: what happened and why."""
+
+    event: str
+    saga_status_before: SagaStatus | None
+    saga_status_after: SagaStatus
+    step: str | None = None
+    step_status_before: StepStatus | None = None
+    step_status_after: StepStatus | None = None
+    message_id: str | None = None
+    reason: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``decide`` returns; ``changed`` is False when only history is written."""
+
+    state: SagaState
+    commands: tuple[CommandIntent, ...]
+    history: tuple[HistoryEntry, ...]
+    classification: Classification
+    changed: bool
+
+
+def decide(definition: SagaDefinition, state: SagaState, event: Event, now: datetime) -> Decision:
+    """Apply one event to one saga."""
+    if state.saga_type != definition.saga_type or state.definition_version != definition.version:
+        raise ValueError(
+            f"definition {definition.saga_type} v{definition.version} does not match saga "
+            f"{state.saga_id} ({state.saga_type} v{state.definition_version})"
+        )
+    tx = _Transition(definition, state, now)
+    if isinstance(event, Started):
+        tx.on_started()
+    elif isinstance(event, ReplyReceived):
+        tx.on_reply(event)
+    else:  # pragma: no cover - the Event union is closed
+        raise TypeError(f"unknown event {event!r}")
+    return tx.decision()
+
+
+class _Transition:
+    """The mutable scratch space of one decision; ``decision()`` freezes it."""
+
+    def __init__(self, definition: SagaDefinition, state: SagaState, now: datetime) -> None:
+        self.definition = definition
+        self.before = state
+        self.now = now
+        self.status = state.status
+        self.reason = state.reason
+        self.deadline = state.deadline
+        self.finished_at = state.finished_at
+        self.steps: dict[str, StepState] = dict(state.steps)
+        self.commands: list[CommandIntent] = []
+        self.history: list[HistoryEntry] = []
+        self.classification = Classification.ACCEPTED
+        self.changed = False
+
+    # -- events ---------------------------------------------------------------------------
+
+    def on_started(self) -> None:
+        if self.before.version != 0:
+            self.classification = Classification.DUPLICATE
+            self.note("duplicate_start", reason="the saga was already started")
+            return
+        self.changed = True
+        self.deadline = self.now + self.definition.timeout
+        self.note("saga_started", detail={"deadline": self.deadline.isoformat()})
+        self.dispatch_ready()
+
+    def on_reply(self, event: ReplyReceived) -> None:
+        if event.step not in self.definition.by_name:
+            self.invalid(event, f"reply names unknown step {event.step!r}")
+        elif event.kind is MessageKind.COMMAND:
+            self.on_action_reply(event)
+        elif event.kind is MessageKind.COMPENSATION:
+            self.on_compensation_reply(event)
+        else:
+            self.invalid(event, f"a {event.kind.value} message is not a reply")
+
+    def on_action_reply(self, event: ReplyReceived) -> None:
+        name = event.step
+        st = self.steps[name]
+        if st.command_id is None or event.command_id != st.command_id:
+            self.invalid(event, f"reply to command {event.command_id} which step {name!r} did not send")
+            return
+        success = event.outcome is Outcome.SUCCESS
+        if st.status is StepStatus.REQUESTED:
+            self.changed = True
+            if success:
+                self.set_step(
+                    name,
+                    st.evolve(status=StepStatus.SUCCEEDED, finished_at=self.now, result=event.result or {}),
+                    "step_succeeded",
+                    message_id=event.message_id,
+                )
+            else:
+                code = event.error_code or "failed"
+                self.set_step(
+                    name,
+                    st.evolve(status=StepStatus.FAILED, finished_at=self.now, error=code),
+                    "step_failed",
+                    message_id=event.message_id,
+                    reason=_error_text(event),
+                )
+            self.advance(trigger=f"step {name!r} failed: {_error_text(event)}")
+            return
+        if (success and st.status in FORWARD_SUCCEEDED) or (
+            not success and st.status is StepStatus.FAILED
+        ):
+            self.classification = Classification.DUPLICATE
+            self.note(
+                "duplicate_reply",
+                step=name,
+                message_id=event.message_id,
+                reason=f"step {name!r} already answered {event.outcome.value}",
+            )
+            return
+        said = "success" if st.status in FORWARD_SUCCEEDED else "failure"
+        self.conflict(event, f"step {name!r} answered {said}, now {event.outcome.value}")
+
+    def on_compensation_reply(self, event: ReplyReceived) -> None:
+        name = event.step
+        st = self.steps[name]
+        if st.compensation_id is None or event.command_id != st.compensation_id:
+            self.invalid(
+                event, f"reply to compensation {event.command_id} which step {name!r} did not send"
+            )
+            return
+        success = event.outcome is Outcome.SUCCESS
+        if st.status is StepStatus.COMPENSATING:
+            self.changed = True
+            if success:
+                self.set_step(
+                    name,
+                    st.evolve(status=StepStatus.COMPENSATED, finished_at=self.now),
+                    "step_compensated",
+                    message_id=event.message_id,
+                )
+                self.advance(trigger="")
+            else:
+                self.set_step(
+                    name,
+                    st.evolve(status=StepStatus.COMPENSATION_FAILED, error=event.error_code),
+                    "compensation_failed",
+                    message_id=event.message_id,
+                    reason=_error_text(event),
+                )
+                self.manual_review(f"compensation of step {name!r} was refused: {_error_text(event)}")
+            return
+        if (success and st.status is StepStatus.COMPENSATED) or (
+            not success and st.status is StepStatus.COMPENSATION_FAILED
+        ):
+            self.classification = Classification.DUPLICATE
+            self.note(
+                "duplicate_reply",
+                step=name,
+                message_id=event.message_id,
+                reason=f"compensation of {name!r} already answered {event.outcome.value}",
+            )
+            return
+        self.conflict(
+            event,
+            f"compensation of step {name!r} answered {event.outcome.value} "
+            f"while the step is {st.status.value}",
+        )
+
+    # -- progress -------------------------------------------------------------------------
+
+    def advance(self, trigger: str) -> None:
+        """Move the saga as far as its step states allow."""
+        if self.status is SagaStatus.RUNNING:
+            if any(st.status is StepStatus.FAILED for st in self.steps.values()):
+                self.begin_compensation(trigger)
+            else:
+                self.dispatch_ready()
+                if all(st.status is StepStatus.SUCCEEDED for st in self.steps.values()):
+                    self.finish(SagaStatus.COMPLETED, "saga_completed")
+                return
+        if self.status is SagaStatus.COMPENSATING:
+            self.compensate_ready()
+
+    def dispatch_ready(self) -> None:
+        for s in self.definition.steps:
+            st = self.steps[s.name]
+            if st.status is not StepStatus.PENDING:
+                continue
+            if all(self.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on):
+                self.send_action(s, st)
+
+    def begin_compensation(self, reason: str) -> None:
+        self.set_status(SagaStatus.COMPENSATING, reason)
+        never_sent = [n for n, st in self.steps.items() if st.status is StepStatus.PENDING]
+        for name in never_sent:
+            self.steps[name] = self.steps[name].evolve(status=StepStatus.SKIPPED)
+        self.note(
+            "compensation_started",
+            reason=reason,
+            detail={"skipped_steps": never_sent} if never_sent else {},
+        )
+        self.compensate_ready()
+
+    def compensate_ready(self) -> None:
+        """Undo every succeeded step none of whose descendants still holds an effect."""
+        blocking = (
+            StepStatus.REQUESTED,
+            StepStatus.SUCCEEDED,
+            StepStatus.COMPENSATING,
+            StepStatus.COMPENSATION_FAILED,
+        )
+        # Reverse dependency order: a child is settled before its parent is looked at.
+        for s in reversed(self.definition.steps):
+            st = self.steps[s.name]
+            if st.status is not StepStatus.SUCCEEDED:
+                continue
+            if any(self.steps[d].status in blocking for d in self.definition.descendants(s.name)):
+                continue
+            if s.compensable:
+                self.send_compensation(s, st)
+            else:
+                self.set_step(
+                    s.name,
+                    st.evolve(status=StepStatus.COMPENSATION_SKIPPED),
+                    "compensation_skipped",
+                    reason=f"step {s.name!r} has no compensation; its effect stays",
+                )
+        if not any(st.status in blocking for st in self.steps.values()):
+            self.finish(SagaStatus.COMPENSATED, "saga_compensated")
+
+    def send_action(self, s: Step, st: StepState) -> None:
+        generation = st.generation
+        cid = st.command_id or command_id(self.before.saga_id, s.name, MessageKind.COMMAND, generation)
+        attempt = st.attempt + 1
+        new = st.evolve(
+            status=StepStatus.REQUESTED,
+            attempt=attempt,
+            command_id=cid,
+            requested_at=self.now,
+            deadline=self.now + s.timeout,
+        )
+        self.set_step(s.name, new, "step_requested", detail={"attempt": attempt})
+        self.commands.append(
+            CommandIntent(
+                saga_id=self.before.saga_id,
+                step=s.name,
+                kind=MessageKind.COMMAND,
+                task_name=s.action,
+                queue=s.queue,
+                command_id=cid,
+                message_id=message_id(
+                    self.before.saga_id, s.name, MessageKind.COMMAND, generation, attempt
+                ),
+                attempt=attempt,
+                body=self.command_body(),
+            )
+        )
+
+    def send_compensation(self, s: Step, st: StepState) -> None:
+        assert s.compensation is not None
+        generation = st.generation
+        cid = st.compensation_id or command_id(
+            self.before.saga_id, s.name, MessageKind.COMPENSATION, generation
+        )
+        attempt = st.compensation_attempt + 1
+        new = st.evolve(
+            status=StepStatus.COMPENSATING,
+            compensation_attempt=attempt,
+            compensation_id=cid,
+            requested_at=self.now,
+            deadline=self.now + s.timeout,
+        )
+        self.set_step(s.name, new, "compensation_requested", detail={"attempt": attempt})
+        self.commands.append(
+            CommandIntent(
+                saga_id=self.before.saga_id,
+                step=s.name,
+                kind=MessageKind.COMPENSATION,
+                task_name=s.compensation,
+                queue=s.queue,
+                command_id=cid,
+                message_id=message_id(
+                    self.before.saga_id, s.name, MessageKind.COMPENSATION, generation, attempt
+                ),
+                attempt=attempt,
+                body=self.command_body(),
+                compensates=st.command_id,
+            )
+        )
+
+    def command_body(self) -> dict[str, Any]:
+        results = {n: dict(st.result) for n, st in self.steps.items() if st.result is not None}
+        return {"saga_payload": dict(self.before.payload), "results": results}
+
+    # -- endings and anomalies ------------------------------------------------------------
+
+    def finish(self, status: SagaStatus, event: str) -> None:
+        self.set_status(status, None)
+        self.finished_at = self.now
+        self.note(event)
+
+    def manual_review(self, reason: str) -> None:
+        self.changed = True
+        self.set_status(SagaStatus.MANUAL_REVIEW, reason)
+        self.note("manual_review", reason=reason)
+
+    def conflict(self, event: ReplyReceived, reason: str) -> None:
+        self.classification = Classification.CONFLICTING
+        self.note("conflicting_reply", step=event.step, message_id=event.message_id, reason=reason)
+        if self.status is not SagaStatus.MANUAL_REVIEW:
+            self.manual_review(f"conflicting replies: {reason}")
+
+    def invalid(self, event: ReplyReceived, reason: str) -> None:
+        self.classification = Classification.INVALID
+        self.note("invalid_message", step=event.step, message_id=event.message_id, reason=reason)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def set_status(self, status: SagaStatus, reason: str | None) -> None:
+        self.changed = True
+        self.status = status
+        self.reason = reason
+        if status not in TERMINAL_SAGA:
+            self.finished_at = None
+
+    def set_step(
+        self,
+        name: str,
+        new: StepState,
+        event: str,
+        *,
+        message_id: str | None = None,
+        reason: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        old = self.steps[name]
+        self.steps[name] = new
+        self.changed = True
+        self.history.append(
+            HistoryEntry(
+                event=event,
+                saga_status_before=self.status,
+                saga_status_after=self.status,
+                step=name,
+                step_status_before=old.status,
+                step_status_after=new.status,
+                message_id=message_id,
+                reason=reason,
+                detail=dict(detail or {}),
+            )
+        )
+
+    def note(
+        self,
+        event: str,
+        *,
+        step: str | None = None,
+        message_id: str | None = None,
+        reason: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        st = self.steps.get(step) if step else None
+        self.history.append(
+            HistoryEntry(
+                event=event,
+                saga_status_before=self.status,
+                saga_status_after=self.status,
+                step=step,
+                step_status_before=st.status if st else None,
+                step_status_after=st.status if st else None,
+                message_id=message_id,
+                reason=reason,
+                detail=dict(detail or {}),
+            )
+        )
+
+    def decision(self) -> Decision:
+        # History entries say the saga status before and after the whole decision,
+        # so a reader sees each transition once, on the entry that made it.
+        entries = tuple(_fix_status(h, self.before.status, self.status) for h in self.history)
+        if not self.changed:
+            return Decision(self.before, (), entries, self.classification, changed=False)
+        state = replace(
+            self.before,
+            status=self.status,
+            reason=self.reason,
+            deadline=self.deadline,
+            finished_at=self.finished_at,
+            steps=dict(self.steps),
+            version=self.before.version + 1,
+        )
+        return Decision(state, tuple(self.commands), entries, self.classification, changed=True)
+
+
+def _fix_status(entry: HistoryEntry, before: SagaStatus, after: SagaStatus) -> HistoryEntry:
+    return replace(entry, saga_status_before=before, saga_status_after=after)
+
+
+def _error_text(event: ReplyReceived) -> str:
+    code = event.error_code or "failed"
+    return f"{code}: {event.error_message}" if event.error_message else code

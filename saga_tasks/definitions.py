@@ -1,0 +1,337 @@
+"""Saga definitions as frozen, validated data, built with two small functions.
+
+    order = saga(
+        "order",
+        step("create_order", "orders.create", compensation="orders.cancel", queue="orders.commands"),
+        step("reserve_stock", "inventory.reserve", compensation="inventory.release",
+             queue="inventory.commands"),
+        version=1, timeout=600, payload=OrderPayload,
+    )
+
+Steps form a DAG through ``depends_on``. Left out, a step depends on the step listed
+before it, so a plain list is the linear case; ``depends_on=()`` makes a root. Every
+problem (duplicate step, unknown dependency, cycle, missing queue) is a typed
+``DefinitionError`` raised here, when the definition is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from saga_tasks.errors import (
+    DefinitionError,
+    DependencyCycle,
+    DuplicateStep,
+    InvalidPayload,
+    MissingQueue,
+    UnknownDependency,
+)
+
+__all__ = [
+    "LateReplyPolicy",
+    "RetryPolicy",
+    "SagaDefinition",
+    "Step",
+    "saga",
+    "step",
+]
+
+
+class LateReplyPolicy(StrEnum):
+    """What to do with a reply that arrives after its step was given up."""
+
+    COMPENSATE = "compensate"
+    """A late success is undone at once; a late failure only needs an audit entry."""
+    IGNORE = "ignore"
+    """Recorded in the history, nothing else."""
+    MANUAL_REVIEW = "manual_review"
+    """The saga waits for a person."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often the orchestrator sends the same command before it gives up on a step.
+
+    Re-sends keep the command id, so an idempotent participant runs the work once.
+    """
+
+    max_attempts: int = 3
+    """Sends of one command in all, the first included; at least 1."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+
+
+@runtime_checkable
+class CommandTarget(Protocol):
+    """Anything that names a task and its queue, such as a participant's handler."""
+
+    @property
+    def task_name(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+
+_PREVIOUS: tuple[str, ...] = ("\0previous",)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One local transaction of a saga and the command that undoes it."""
+
+    name: str
+    """Unique within the saga; appears in history, headers and the CLI."""
+    action: str
+    """Celery task name of the forward command, e.g. ``inventory.reserve``."""
+    queue: str
+    """Queue the participant's worker consumes, e.g. ``inventory.commands``."""
+    compensation: str | None = None
+    """Task that undoes the action, on the same queue; None for a step that cannot be undone."""
+    timeout: timedelta = timedelta(seconds=30)
+    """How long one attempt may wait for its reply."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Sends of the forward command before the step counts as failed."""
+    compensation_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=5))
+    """Sends of the compensation before the saga goes to manual review."""
+    late_reply: LateReplyPolicy = LateReplyPolicy.COMPENSATE
+    """What a reply that comes after the step was given up does."""
+    depends_on: tuple[str, ...] = _PREVIOUS
+    """Steps that must have succeeded before this one is sent."""
+
+    @property
+    def compensable(self) -> bool:
+        return self.compensation is not None
+
+
+def step(
+    name: str,
+    action: str | CommandTarget,
+    *,
+    compensation: str | CommandTarget | None = None,
+    queue: str | None = None,
+    timeout: float | timedelta = 30.0,
+    retry: RetryPolicy | int | None = None,
+    compensation_retry: RetryPolicy | int | None = None,
+    late_reply: LateReplyPolicy | str = LateReplyPolicy.COMPENSATE,
+    depends_on: Iterable[str] | None = None,
+) -> Step:
+    """Build a step. ``action`` may be a task name or a participant handler (which knows its queue)."""
+    action_name, action_queue = _target(action)
+    comp_name, comp_queue = _target(compensation) if compensation is not None else (None, None)
+    chosen_queue = queue or action_queue or comp_queue or ""
+    return Step(
+        name=name,
+        action=action_name,
+        queue=chosen_queue,
+        compensation=comp_name,
+        timeout=timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout),
+        retry=_policy(retry, RetryPolicy()),
+        compensation_retry=_policy(compensation_retry, RetryPolicy(max_attempts=5)),
+        late_reply=LateReplyPolicy(late_reply),
+        depends_on=_PREVIOUS if depends_on is None else tuple(depends_on),
+    )
+
+
+def _target(target: str | CommandTarget) -> tuple[str, str | None]:
+    if isinstance(target, str):
+        return target, None
+    return target.task_name, target.queue
+
+
+def _policy(value: RetryPolicy | int | None, default: RetryPolicy) -> RetryPolicy:
+    if value is None:
+        return default
+    if isinstance(value, int):
+        return RetryPolicy(max_attempts=value)
+    return value
+
+
+PayloadValidator = Callable[[Any], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class SagaDefinition:
+    """A validated saga type: steps in a dependency order, with their parents and children."""
+
+    saga_type: str
+    steps: tuple[Step, ...]
+    version: int = 1
+    timeout: timedelta = timedelta(minutes=10)
+    payload_validator: PayloadValidator | None = None
+    parents: Mapping[str, tuple[str, ...]] = field(init=False, repr=False)
+    children: Mapping[str, tuple[str, ...]] = field(init=False, repr=False)
+    by_name: Mapping[str, Step] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.saga_type or not self.saga_type.replace("_", "").replace("-", "").isalnum():
+            raise DefinitionError(self.saga_type, "saga type must be a non-empty word")
+        if not self.steps:
+            raise DefinitionError(self.saga_type, "a saga needs at least one step")
+        if self.version < 1:
+            raise DefinitionError(self.saga_type, "version must be at least 1")
+        resolved = _resolve_dependencies(self.saga_type, self.steps)
+        ordered = _topological_order(self.saga_type, resolved)
+        by_name = {s.name: s for s in resolved}
+        children: dict[str, list[str]] = {s.name: [] for s in resolved}
+        for s in resolved:
+            for parent in s.depends_on:
+                children[parent].append(s.name)
+        object.__setattr__(self, "steps", tuple(by_name[n] for n in ordered))
+        object.__setattr__(self, "by_name", by_name)
+        object.__setattr__(self, "parents", {s.name: s.depends_on for s in resolved})
+        object.__setattr__(self, "children", {k: tuple(v) for k, v in children.items()})
+
+    @property
+    def queues(self) -> frozenset[str]:
+        return frozenset(s.queue for s in self.steps)
+
+    def step(self, name: str) -> Step:
+        return self.by_name[name]
+
+    def descendants(self, name: str) -> frozenset[str]:
+        """Every step that depends on ``name``, directly or through others."""
+        seen: set[str] = set()
+        todo = list(self.children[name])
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo.extend(self.children[current])
+        return frozenset(seen)
+
+    def validate_payload(self, payload: Any) -> dict[str, Any]:
+        """Return the payload as stored, or raise ``InvalidPayload`` with every problem named."""
+        if self.payload_validator is None:
+            if not isinstance(payload, Mapping):
+                raise InvalidPayload(f"{self.saga_type}: payload must be a JSON object")
+            return dict(payload)
+        try:
+            return dict(self.payload_validator(payload))
+        except InvalidPayload:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise InvalidPayload(f"{self.saga_type}: {_describe_validation(exc)}") from exc
+
+
+def saga(
+    saga_type: str,
+    *steps: Step,
+    version: int = 1,
+    timeout: float | timedelta = 600.0,
+    payload: Any = None,
+) -> SagaDefinition:
+    """Build a saga definition; ``payload`` is a pydantic model class or a validating callable."""
+    return SagaDefinition(
+        saga_type=saga_type,
+        steps=tuple(steps),
+        version=version,
+        timeout=timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout),
+        payload_validator=_validator(payload),
+    )
+
+
+def _validator(payload: Any) -> PayloadValidator | None:
+    if payload is None:
+        return None
+    model_validate = getattr(payload, "model_validate", None)
+    if model_validate is not None:
+
+        def validate(value: Any) -> Mapping[str, Any]:
+            result: Mapping[str, Any] = model_validate(value).model_dump(mode="json")
+            return result
+
+        return validate
+    if callable(payload):
+        return payload  # type: ignore[no-any-return]
+    raise TypeError("payload must be a pydantic model class or a callable")
+
+
+def _describe_validation(exc: Exception) -> str:
+    """One line per problem, naming the field, without echoing the values (they may be PII)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            items = errors(include_input=False)
+        except TypeError:
+            items = errors()
+        parts = []
+        for item in items:
+            loc = ".".join(str(p) for p in item.get("loc", ())) or "payload"
+            parts.append(f"{loc}: {item.get('msg', 'invalid')}")
+        if parts:
+            return "; ".join(parts)
+    return str(exc)
+
+
+def _resolve_dependencies(saga_type: str, steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    names: set[str] = set()
+    resolved: list[Step] = []
+    previous: str | None = None
+    for s in steps:
+        if not s.name:
+            raise DefinitionError(saga_type, "a step has an empty name")
+        if s.name in names:
+            raise DuplicateStep(saga_type, f"step {s.name!r} is defined twice")
+        names.add(s.name)
+        if not s.queue:
+            raise MissingQueue(saga_type, f"step {s.name!r} has no queue")
+        if not s.action:
+            raise DefinitionError(saga_type, f"step {s.name!r} has no action task")
+        if s.timeout <= timedelta(0):
+            raise DefinitionError(saga_type, f"step {s.name!r} needs a positive timeout")
+        depends = s.depends_on
+        if depends == _PREVIOUS:
+            depends = () if previous is None else (previous,)
+        if len(set(depends)) != len(depends):
+            raise DefinitionError(saga_type, f"step {s.name!r} lists a dependency twice")
+        resolved.append(_replace_depends(s, depends))
+        previous = s.name
+    for s in resolved:
+        for parent in s.depends_on:
+            if parent not in names:
+                raise UnknownDependency(
+                    saga_type, f"step {s.name!r} depends on unknown step {parent!r}"
+                )
+    return tuple(resolved)
+
+
+def _replace_depends(s: Step, depends: tuple[str, ...]) -> Step:
+    from dataclasses import replace
+
+    return replace(s, depends_on=depends)
+
+
+def _topological_order(saga_type: str, steps: tuple[Step, ...]) -> list[str]:
+    """Kahn's algorithm, stable in the listed order; what is left over lies on a cycle."""
+    pending = {s.name: set(s.depends_on) for s in steps}
+    order: list[str] = []
+    while pending:
+        ready = [name for name, deps in pending.items() if not deps]
+        if not ready:
+            cycle = " -> ".join(_find_cycle(pending))
+            raise DependencyCycle(saga_type, f"steps depend on each other in a cycle: {cycle}")
+        for name in ready:
+            order.append(name)
+            del pending[name]
+        for deps in pending.values():
+            deps.difference_update(ready)
+    return order
+
+
+def _find_cycle(pending: Mapping[str, set[str]]) -> list[str]:
+    start = next(iter(pending))
+    path = [start]
+    seen = {start}
+    current = start
+    while True:
+        current = next(iter(sorted(pending[current])))
+        if current in seen:
+            return [*path[path.index(current) :], current]
+        path.append(current)
+        seen.add(current)

@@ -1,0 +1,86 @@
+"""Getting committed outbox messages to the broker: at once after commit, and by recovery.
+
+Publish-after-commit is the fast path. Recovery (a beat task) is the guarantee: a
+row left unpublished by a crash, a broker outage or a lost confirm is claimed with
+``FOR UPDATE SKIP LOCKED`` once it is old enough and published again. Consumers
+deduplicate, so publishing twice is safe; never publishing is what must not happen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, Table
+
+from saga_tasks import metrics
+from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.messages import OutboundMessage
+from saga_tasks.messaging.publisher import Publisher, PublishResult
+from saga_tasks.persistence import outbox
+from saga_tasks.persistence.db import translated
+
+log = logging.getLogger("saga_tasks.delivery")
+
+
+def deliver(
+    engine: Engine,
+    table: Table,
+    publisher: Publisher,
+    messages: Sequence[OutboundMessage],
+) -> PublishResult:
+    """Publish messages a transaction just committed, then mark them published."""
+    result = publisher.publish(messages)
+    if result.failed:
+        metrics.PUBLISH_FAILURES.labels(path="after_commit").inc(len(result.failed))
+    if result.published:
+        try:
+            with translated(str(engine.url)), engine.begin() as conn:
+                outbox.mark_published(conn, table, result.published)
+        except ServiceUnavailable as exc:
+            # Published but not marked: recovery publishes them again; consumers dedupe.
+            log.warning(
+                "could not mark published outbox rows: %s",
+                exc,
+                extra={"message_id": result.published[0], "count": len(result.published)},
+            )
+    return result
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    table: str
+    claimed: int
+    published: int
+    failed: int
+
+
+def relay(
+    engine: Engine,
+    table: Table,
+    publisher: Publisher,
+    *,
+    min_age_seconds: float,
+    batch: int,
+) -> RelayReport:
+    """One recovery pass over one outbox table."""
+    name = f"{table.schema}.{table.name}"
+    with translated(str(engine.url)), engine.begin() as conn:
+        rows = outbox.claim_unpublished(conn, table, min_age_seconds=min_age_seconds, limit=batch)
+        if not rows:
+            return RelayReport(name, 0, 0, 0)
+        result = publisher.publish(rows)
+        outbox.mark_published(conn, table, result.published)
+        outbox.count_failed_attempt(conn, table, result.failed)
+    metrics.OUTBOX_RECOVERED.labels(outbox=name).inc(len(result.published))
+    if result.failed:
+        metrics.PUBLISH_FAILURES.labels(path="recovery").inc(len(result.failed))
+    log.info(
+        "outbox recovery published %d of %d rows from %s",
+        len(result.published),
+        len(rows),
+        name,
+        extra={"outbox": name, "message_id": rows[0].message_id, "saga_id": rows[0].saga_id},
+    )
+    return RelayReport(name, len(rows), len(result.published), len(result.failed))

@@ -1,0 +1,148 @@
+"""One error tree for saga_tasks, split by what the caller should do about it.
+
+    SagaTasksError
+    ├── ConfigurationError            bug in set-up: fix the code or the settings
+    │   ├── DefinitionError           a saga definition is not a valid DAG of steps
+    │   │   ├── DuplicateStep
+    │   │   ├── UnknownDependency
+    │   │   ├── DependencyCycle
+    │   │   └── MissingQueue
+    │   ├── UnknownDefinitionVersion  a running saga's definition is not loaded here
+    │   └── TopologyMismatch          a queue exists on the broker with other arguments
+    ├── InputError                    refuse: the caller sent something wrong (CLI exit 2)
+    │   ├── UnknownSagaType
+    │   ├── InvalidPayload
+    │   ├── BusinessKeyConflict
+    │   └── SagaNotFound
+    ├── InvalidMessage                park: a message that makes no sense, never retried
+    ├── ServiceUnavailable            retry: PostgreSQL, RabbitMQ or Redis cannot be reached
+    │   └── PublishFailed             the broker did not confirm a publish
+    ├── ConcurrencyConflict           retry: another transaction moved the saga first
+    ├── TransientError                retry: raised by participant code for passing faults
+    └── BusinessRejection             give up: a business rule refused the command
+
+Retryability is data on the class (``retryable``), so the wiring never needs to
+know the concrete type. Database and broker exceptions are translated into these
+at the boundary (``persistence.db`` and ``messaging.publisher``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SagaTasksError(Exception):
+    """Base of every error raised by saga_tasks."""
+
+    retryable: ClassVar[bool] = False
+
+
+class ConfigurationError(SagaTasksError):
+    """The code or the settings are wrong; retrying cannot help."""
+
+
+class DefinitionError(ConfigurationError):
+    """A saga definition is invalid; raised when it is built, never at run time."""
+
+    def __init__(self, saga_type: str, problem: str) -> None:
+        super().__init__(f"saga {saga_type!r}: {problem}")
+        self.saga_type = saga_type
+        self.problem = problem
+
+
+class DuplicateStep(DefinitionError):
+    """Two steps share a name."""
+
+
+class UnknownDependency(DefinitionError):
+    """A step depends on a step that is not in the definition."""
+
+
+class DependencyCycle(DefinitionError):
+    """The dependencies of the steps form a cycle."""
+
+
+class MissingQueue(DefinitionError):
+    """A step has no queue to send its commands to."""
+
+
+class UnknownDefinitionVersion(ConfigurationError):
+    """A saga started with a definition version this process does not have."""
+
+
+class TopologyMismatch(ConfigurationError):
+    """A queue or exchange exists on the broker with arguments other than ours."""
+
+
+class InputError(SagaTasksError):
+    """The caller's input is wrong: refused before anything is written."""
+
+
+class UnknownSagaType(InputError):
+    """No saga definition of that type is registered."""
+
+
+class InvalidPayload(InputError):
+    """The payload does not satisfy the saga type's schema."""
+
+
+class BusinessKeyConflict(InputError):
+    """The business key already names a saga started with a different payload."""
+
+    def __init__(self, message: str, saga_id: str) -> None:
+        super().__init__(message)
+        self.saga_id = saga_id
+
+
+class SagaNotFound(InputError):
+    """No saga has that id."""
+
+
+class InvalidMessage(SagaTasksError):
+    """A message that makes no sense here: recorded and parked, never retried."""
+
+    def __init__(self, reason: str, **context: Any) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.context = context
+
+
+class ServiceUnavailable(SagaTasksError):
+    """A backing service cannot be reached; the message names it and its masked URL."""
+
+    retryable = True
+
+    def __init__(self, service: str, url: str, detail: str) -> None:
+        super().__init__(f"cannot reach {service} at {url}: {detail}")
+        self.service = service
+        self.url = url
+        self.detail = detail
+
+
+class PublishFailed(ServiceUnavailable):
+    """The broker refused or did not confirm a publish; the outbox keeps the message."""
+
+
+class ConcurrencyConflict(SagaTasksError):
+    """The saga's version moved under us; the work is safe to run again."""
+
+    retryable = True
+
+
+class TransientError(SagaTasksError):
+    """Participant code says: this may work later (a timeout, a 503)."""
+
+    retryable = True
+
+
+class BusinessRejection(SagaTasksError):
+    """Participant code says: this command is refused by a business rule.
+
+    The participant framework turns it into a failure reply; the saga compensates.
+    ``code`` is a stable machine-readable word; ``message`` must carry no PII.
+    """
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message

@@ -1,0 +1,106 @@
+"""Technical faults for demos and tests, asked for in a saga payload.
+
+A payload may carry ``"demo_faults": {"<task name>": "<fault>"}``. Starting such a
+saga is refused, and workers ignore the field, unless ``SAGA_TASKS_DEMO_FAULTS=1``
+is set for the process: a payload can never crash a production worker.
+
+Faults act on the first delivery of a command only, so a redelivery after the
+crash they cause runs normally; that is what the recovery paths are shown on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from saga_tasks.errors import InvalidPayload
+
+FIELD = "demo_faults"
+log = logging.getLogger("saga_tasks.faults")
+
+
+class FaultKind(StrEnum):
+    CRASH_BEFORE_COMMIT = "crash_before_commit"
+    """SIGKILL the worker process inside the transaction: nothing is written."""
+    CRASH_AFTER_COMMIT = "crash_after_commit"
+    """SIGKILL after commit, before the reply is published: only the outbox has it."""
+    SLOW = "slow"
+    """``slow:<seconds>``: wait before handling, so the reply comes late."""
+    DUPLICATE_REPLY = "duplicate_reply"
+    """Publish the reply twice."""
+    RAISE = "raise"
+    """Raise an unexpected exception inside the handler."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    seconds: float = 0.0
+
+
+def parse(spec: str) -> Fault:
+    name, _, arg = spec.partition(":")
+    try:
+        kind = FaultKind(name)
+    except ValueError:
+        valid = ", ".join(k.value for k in FaultKind)
+        raise ValueError(f"unknown fault {name!r}; expected one of {valid}") from None
+    if kind is FaultKind.SLOW:
+        try:
+            seconds = float(arg)
+        except ValueError:
+            raise ValueError("slow needs seconds, e.g. 'slow:2.5'") from None
+        if not 0 < seconds <= 600:
+            raise ValueError("slow takes between 0 and 600 seconds")
+        return Fault(kind, seconds)
+    if arg:
+        raise ValueError(f"fault {name!r} takes no argument")
+    return Fault(kind)
+
+
+def validate_payload_faults(payload: Mapping[str, Any], enabled: bool) -> None:
+    """Refuse a start whose payload asks for faults the deployment does not allow."""
+    spec = payload.get(FIELD)
+    if spec is None:
+        return
+    if not enabled:
+        raise InvalidPayload(f"{FIELD} is accepted only when SAGA_TASKS_DEMO_FAULTS=1")
+    if not isinstance(spec, Mapping):
+        raise InvalidPayload(f"{FIELD} must map task names to faults")
+    for task, fault in spec.items():
+        if not isinstance(fault, str):
+            raise InvalidPayload(f"{FIELD}.{task}: fault must be a string")
+        try:
+            parse(fault)
+        except ValueError as exc:
+            raise InvalidPayload(f"{FIELD}.{task}: {exc}") from None
+
+
+def fault_for(payload: Mapping[str, Any], task_name: str, enabled: bool) -> Fault | None:
+    if not enabled:
+        return None
+    spec = payload.get(FIELD)
+    if not isinstance(spec, Mapping) or task_name not in spec:
+        return None
+    try:
+        return parse(str(spec[task_name]))
+    except ValueError:
+        return None
+
+
+def crash(reason: str, **fields: Any) -> None:
+    """Die the way an OOM kill or a power cut does: no cleanup, no ack."""
+    log.warning("demo fault: SIGKILL %s", reason, extra=fields)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause(seconds: float) -> None:
+    time.sleep(seconds)

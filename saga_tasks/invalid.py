@@ -1,0 +1,90 @@
+"""Messages that make no sense: recorded with their reason, counted and logged, never retried.
+
+Only identifying headers are kept; the body is kept as a digest and a size, so a
+record never copies payload data (which may hold personal data) out of its message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Engine
+
+from saga_tasks import metrics
+from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.messages import SAGA_HEADERS
+from saga_tasks.persistence import inbox
+from saga_tasks.persistence.db import translated
+
+log = logging.getLogger("saga_tasks.invalid")
+
+_KEPT_HEADERS = SAGA_HEADERS | {"task", "id", "x-first-death-reason", "x-first-death-queue"}
+
+
+def safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The identifying headers only, each value cut to a printable, bounded string."""
+    kept: dict[str, Any] = {}
+    for key, value in (headers or {}).items():
+        if key in _KEPT_HEADERS:
+            kept[key] = value if isinstance(value, int) else str(value)[:200]
+    return kept
+
+
+def body_digest(body: Any) -> tuple[str | None, int | None]:
+    if body is None:
+        return None, None
+    if isinstance(body, str):
+        raw = body.encode()
+    elif isinstance(body, bytes | bytearray | memoryview):
+        raw = bytes(body)
+    else:
+        raw = json.dumps(body, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest(), len(raw)
+
+
+def record(
+    engine: Engine,
+    *,
+    consumer: str,
+    reason: str,
+    queue: str | None,
+    task_name: str | None,
+    message_id: str | None,
+    headers: Mapping[str, Any] | None,
+    body: Any,
+) -> None:
+    """Write the record in its own transaction; log loudly if even that fails."""
+    headers_kept = safe_headers(headers)
+    saga_id = headers_kept.get("saga_id")
+    digest, size = body_digest(body)
+    metrics.INVALID_MESSAGES.labels(consumer=consumer).inc()
+    metrics.MESSAGES.labels(consumer=consumer, classification="invalid").inc()
+    log.warning(
+        "invalid message: %s",
+        reason,
+        extra={"saga_id": saga_id, "message_id": message_id, "consumer": consumer, "queue": queue},
+    )
+    try:
+        with translated(str(engine.url)), engine.begin() as conn:
+            inbox.record_invalid(
+                conn,
+                consumer=consumer,
+                reason=reason,
+                queue=queue,
+                task_name=task_name,
+                message_id=message_id,
+                saga_id=str(saga_id) if saga_id else None,
+                headers=headers_kept,
+                body_sha256=digest,
+                body_size=size,
+            )
+    except ServiceUnavailable:
+        log.exception(
+            "could not record an invalid message; it is dropped after this log line",
+            extra={"saga_id": saga_id, "message_id": message_id, "consumer": consumer},
+        )
+        raise

@@ -1,0 +1,86 @@
+"""The only code that sends to RabbitMQ: outbox messages as Celery task messages.
+
+Every publish waits for the broker's confirm and is ``mandatory``, so a missing
+exchange, an unroutable key or a nack is an error of *this* publish, never a
+silent loss or a surprise on the next one. Failures become ``PublishFailed``; the
+outbox row stays unpublished and recovery sends it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from celery import Celery
+
+from saga_tasks.config import mask_url
+from saga_tasks.errors import PublishFailed
+from saga_tasks.messages import OutboundMessage
+from saga_tasks.messaging.topology import Topology
+
+log = logging.getLogger("saga_tasks.publisher")
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    published: tuple[str, ...]
+    failed: tuple[str, ...]
+    error: PublishFailed | None = None
+
+
+class Publisher:
+    """Sends outbox messages through a Celery app's producer pool."""
+
+    def __init__(self, app: Celery, topology: Topology, confirm_timeout: float) -> None:
+        self.app = app
+        self.topology = topology
+        self.confirm_timeout = confirm_timeout
+
+    def publish(self, messages: Sequence[OutboundMessage]) -> PublishResult:
+        """Publish in order; stop at the first failure and report what went out."""
+        if not messages:
+            return PublishResult((), ())
+        from amqp.exceptions import AMQPError
+        from kombu.exceptions import KombuError
+
+        published: list[str] = []
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for message in messages:
+                    self._send(producer, message)
+                    published.append(message.message_id)
+        except (AMQPError, KombuError, OSError, socket.timeout) as exc:
+            failed = tuple(m.message_id for m in messages[len(published) :])
+            first = messages[len(published)]
+            detail = str(exc) or type(exc).__name__
+            log.warning(
+                "publish failed; the outbox keeps the message for recovery",
+                extra={
+                    "saga_id": first.saga_id,
+                    "message_id": first.message_id,
+                    "error": detail,
+                    "unpublished": len(failed),
+                },
+            )
+            error = PublishFailed("RabbitMQ", mask_url(self.app.conf.broker_url or ""), detail)
+            return PublishResult(tuple(published), failed, error)
+        return PublishResult(tuple(published), ())
+
+    def _send(self, producer: object, message: OutboundMessage) -> None:
+        queue = self.topology.queue(message.queue)
+        self.app.send_task(
+            message.task_name,
+            kwargs=dict(message.body),
+            task_id=message.message_id,
+            headers=dict(message.headers),
+            queue=queue,
+            exchange=queue.exchange.name,
+            routing_key=message.routing_key or self.topology.routing_key(message.queue, message.task_name),
+            producer=producer,
+            mandatory=True,
+            confirm_timeout=self.confirm_timeout,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 1},
+        )

@@ -1,0 +1,118 @@
+"""The state of one saga as immutable values: what the decider reads and returns.
+
+Persistence maps these to rows; nothing here knows about SQL or messages on the wire.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from saga_tasks.definitions import SagaDefinition
+from saga_tasks.states import IN_FLIGHT, MessageKind, SagaStatus, StepStatus
+
+# Every id the decider makes is derived from the saga id, so deciding twice on the
+# same input (a redelivered message after a crash) makes the same ids again.
+_ID_NAMESPACE = uuid.UUID("8d3c2a51-4a8e-4e39-9a55-6d1b3f0c7e21")
+
+
+def command_id(saga_id: str, step: str, kind: MessageKind, generation: int) -> str:
+    """The id a participant deduplicates on; the same for every re-send of one command."""
+    return str(uuid.uuid5(_ID_NAMESPACE, f"{saga_id}/{step}/{kind.value}/{generation}/command"))
+
+
+def message_id(saga_id: str, step: str, kind: MessageKind, generation: int, attempt: int) -> str:
+    """The id of one send of a command; a re-send gets a new one."""
+    name = f"{saga_id}/{step}/{kind.value}/{generation}/{attempt}/message"
+    return str(uuid.uuid5(_ID_NAMESPACE, name))
+
+
+@dataclass(frozen=True)
+class StepState:
+    """Where one step of one saga is."""
+
+    status: StepStatus = StepStatus.PENDING
+    attempt: int = 0
+    """Sends of the forward command so far."""
+    compensation_attempt: int = 0
+    """Sends of the compensation so far."""
+    generation: int = 1
+    """Bumped when an operator retries a step, so the retry gets new command ids."""
+    command_id: str | None = None
+    compensation_id: str | None = None
+    requested_at: datetime | None = None
+    deadline: datetime | None = None
+    finished_at: datetime | None = None
+    result: Mapping[str, Any] | None = None
+    error: str | None = None
+
+    def evolve(self, **changes: Any) -> StepState:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SagaState:
+    """Where one saga is. ``version`` grows by one with every change that is written."""
+
+    saga_id: str
+    saga_type: str
+    definition_version: int
+    business_key: str
+    status: SagaStatus
+    version: int
+    payload: Mapping[str, Any]
+    steps: Mapping[str, StepState]
+    created_at: datetime
+    deadline: datetime | None = None
+    reason: str | None = None
+    finished_at: datetime | None = None
+    correlation_id: str | None = None
+    traceparent: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def new(
+        cls,
+        definition: SagaDefinition,
+        *,
+        saga_id: str,
+        business_key: str,
+        payload: Mapping[str, Any],
+        now: datetime,
+        correlation_id: str | None = None,
+        traceparent: str | None = None,
+    ) -> SagaState:
+        """A saga before its ``Started`` event: version 0, every step pending."""
+        return cls(
+            saga_id=saga_id,
+            saga_type=definition.saga_type,
+            definition_version=definition.version,
+            business_key=business_key,
+            status=SagaStatus.RUNNING,
+            version=0,
+            payload=dict(payload),
+            steps={s.name: StepState() for s in definition.steps},
+            created_at=now,
+            correlation_id=correlation_id or saga_id,
+            traceparent=traceparent,
+        )
+
+    def results(self) -> dict[str, Mapping[str, Any]]:
+        """What the succeeded steps returned, by step name: the context later steps read."""
+        return {name: st.result for name, st in self.steps.items() if st.result is not None}
+
+    def next_wake_at(self) -> datetime | None:
+        """The earliest deadline the sweeper must look at, or None when nothing waits."""
+        if self.status not in (SagaStatus.RUNNING, SagaStatus.COMPENSATING):
+            return None
+        times = [
+            st.deadline
+            for st in self.steps.values()
+            if st.status in IN_FLIGHT and st.deadline is not None
+        ]
+        if self.deadline is not None:
+            times.append(self.deadline)
+        return min(times) if times else None

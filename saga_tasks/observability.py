@@ -1,0 +1,86 @@
+"""Log lines that name their saga: JSON for pipelines, ``key=value`` text for people.
+
+Every saga_tasks log call passes its identifiers (saga_id, message_id, step, ...)
+as ``extra``; the formatters here put them on the line. Payloads never are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from saga_tasks.config import Settings
+
+CONTEXT_FIELDS = (
+    "saga_id",
+    "saga_type",
+    "step",
+    "message_id",
+    "correlation_id",
+    "causation_id",
+    "command_id",
+    "status_before",
+    "status_after",
+    "step_status_before",
+    "step_status_after",
+    "participant",
+    "consumer",
+    "queue",
+    "reason",
+    "code",
+    "error",
+    "count",
+    "unpublished",
+    "outbox",
+)
+
+
+def _context(record: logging.LogRecord) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name in CONTEXT_FIELDS:
+        value = getattr(record, name, None)
+        if value is not None:
+            found[name] = str(value) if not isinstance(value, int | float) else value
+    return found
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        pairs = " ".join(f"{k}={v}" for k, v in _context(record).items())
+        return f"{line} {pairs}" if pairs else line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **_context(record),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+_configured: set[int] = set()
+
+
+def configure_logging(settings: Settings) -> None:
+    """Give the ``saga_tasks`` logger one handler in the configured format (idempotent)."""
+    logger = logging.getLogger("saga_tasks")
+    logger.setLevel(settings.log_level.upper())
+    if id(logger) in _configured:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
+    logger.addHandler(handler)
+    logger.propagate = False
+    _configured.add(id(logger))

@@ -1,0 +1,1 @@
+"""Operator edges: the CLI and the read models it shares with the HTTP API."""

@@ -1,0 +1,114 @@
+"""Checking the backing services and migrating the schema, with errors that name the service."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from saga_tasks.config import Settings, mask_url
+from saga_tasks.errors import ConfigurationError, ServiceUnavailable
+from saga_tasks.persistence.db import check_database, translated
+
+
+def check_broker(url: str) -> None:
+    """Raise ``ServiceUnavailable`` unless RabbitMQ accepts a connection at ``url``."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+    except Exception as exc:  # noqa: BLE001 - kombu surfaces many transport errors
+        raise ServiceUnavailable("RabbitMQ", mask_url(url), _describe(exc)) from exc
+
+
+def check_redis(url: str) -> None:
+    """Raise ``ServiceUnavailable`` unless Redis answers PING at ``url``."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        client.ping()
+        client.close()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise ServiceUnavailable("Redis", mask_url(url), _describe(exc)) from exc
+
+
+def check_all(settings: Settings) -> None:
+    check_database(settings.database_url)
+    check_broker(settings.broker_url)
+    check_redis(settings.result_backend)
+
+
+def _describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def migrations_dir() -> Path:
+    """The Alembic scripts: shipped inside the wheel, or at the top of a checkout."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_migrations", package.parent / "migrations"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise ConfigurationError("cannot find the migrations directory")
+
+
+def ensure_database(url: str) -> bool:
+    """Create the database ``url`` names if it does not exist; True if it was created."""
+    target = make_url(url)
+    name = target.database
+    if not name:
+        raise ConfigurationError("SAGA_DATABASE_URL names no database")
+    admin = create_engine(
+        target.set(database="postgres"), poolclass=NullPool, isolation_level="AUTOCOMMIT",
+        connect_args={"connect_timeout": 5},
+    )
+    try:
+        with translated(url), admin.connect() as conn:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+            ).first()
+            if exists:
+                return False
+            from sqlalchemy.exc import ProgrammingError
+
+            try:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+            except ProgrammingError as exc:
+                if "already exists" in str(exc):
+                    return False  # created by a concurrent run
+                raise
+            return True
+    finally:
+        admin.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> str:
+    """Apply migrations up to ``revision``; running it again changes nothing."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    with translated(url):
+        command.upgrade(cfg, revision)
+    return current_revision(url) or "none"
+
+
+def current_revision(url: str) -> str | None:
+    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with translated(url), engine.connect() as conn:
+            exists = conn.execute(text("SELECT to_regclass('saga.alembic_version')")).scalar()
+            if exists is None:
+                return None
+            value = conn.execute(text("SELECT version_num FROM saga.alembic_version")).scalar()
+            return str(value) if value is not None else None
+    finally:
+        engine.dispose()

@@ -1,0 +1,366 @@
+"""The transactional shell around the decider: one transaction per event.
+
+    dedup (inbox) -> lock the saga row -> decide -> write state, history, outbox
+    -> commit -> publish the outbox rows with confirms -> (the task acks)
+
+Starting a saga is the same shell with a unique (type, business key) in place of
+the inbox, and may join the caller's SQLAlchemy session so that an application's
+own write and its saga start commit or roll back together.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.orm import Session
+
+from saga_tasks import faults, metrics
+from saga_tasks.clock import Clock
+from saga_tasks.decider import CommandIntent, Decision, decide
+from saga_tasks.definitions import SagaDefinition
+from saga_tasks.delivery import deliver
+from saga_tasks.errors import (
+    BusinessKeyConflict,
+    InputError,
+    InvalidMessage,
+    SagaNotFound,
+    UnknownDefinitionVersion,
+    UnknownSagaType,
+)
+from saga_tasks.events import Started
+from saga_tasks.messages import OutboundMessage, command_headers, parse_reply
+from saga_tasks.messaging.publisher import Publisher
+from saga_tasks.messaging.topology import Topology
+from saga_tasks.model import SagaState
+from saga_tasks.persistence import inbox, outbox, sagas
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
+from saga_tasks.states import TERMINAL_SAGA, Classification, SagaStatus
+
+log = logging.getLogger("saga_tasks.orchestrator")
+
+MAX_BUSINESS_KEY = 200
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+@dataclass(frozen=True)
+class SagaHandle:
+    """What ``start_saga`` returns: enough to find the saga again."""
+
+    saga_id: str
+    saga_type: str
+    business_key: str
+    status: SagaStatus
+    created: bool
+    """False when the business key named an existing saga, which is returned instead."""
+
+
+class Registry:
+    """Saga definitions by type and version; new sagas use the latest version."""
+
+    def __init__(self, definitions: Sequence[SagaDefinition]) -> None:
+        self._by_version: dict[tuple[str, int], SagaDefinition] = {}
+        self._latest: dict[str, SagaDefinition] = {}
+        for d in definitions:
+            key = (d.saga_type, d.version)
+            if key in self._by_version:
+                raise ValueError(f"saga {d.saga_type!r} version {d.version} is registered twice")
+            self._by_version[key] = d
+            if d.saga_type not in self._latest or self._latest[d.saga_type].version < d.version:
+                self._latest[d.saga_type] = d
+
+    def latest(self, saga_type: str) -> SagaDefinition:
+        try:
+            return self._latest[saga_type]
+        except KeyError:
+            known = ", ".join(sorted(self._latest)) or "none"
+            raise UnknownSagaType(f"unknown saga type {saga_type!r}; known: {known}") from None
+
+    def get(self, saga_type: str, version: int) -> SagaDefinition:
+        try:
+            return self._by_version[(saga_type, version)]
+        except KeyError:
+            raise UnknownDefinitionVersion(
+                f"saga type {saga_type!r} version {version} is not loaded in this process"
+            ) from None
+
+    def __iter__(self) -> Any:
+        return iter(self._by_version.values())
+
+
+class Orchestrator:
+    """Starts sagas and applies replies to them."""
+
+    def __init__(
+        self,
+        *,
+        engine: Callable[[], Engine],
+        registry: Registry,
+        topology: Topology,
+        publisher: Callable[[], Publisher],
+        clock: Clock,
+        demo_faults: bool = False,
+    ) -> None:
+        self.demo_faults = demo_faults
+        self._engine = engine
+        self.registry = registry
+        self.topology = topology
+        self._publisher = publisher
+        self.clock = clock
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine()
+
+    # -- start ----------------------------------------------------------------------------
+
+    def start(
+        self,
+        saga_type: str,
+        business_key: str,
+        payload: Any,
+        *,
+        session: Session | None = None,
+        traceparent: str | None = None,
+    ) -> SagaHandle:
+        """Start a saga, or return the one already started for this business key."""
+        definition = self.registry.latest(saga_type)
+        if not isinstance(business_key, str) or not business_key.strip():
+            raise InputError("business key must be a non-empty string")
+        if len(business_key) > MAX_BUSINESS_KEY:
+            raise InputError(f"business key is longer than {MAX_BUSINESS_KEY} characters")
+        if traceparent is not None and not _TRACEPARENT.match(traceparent):
+            raise InputError("traceparent is not a W3C trace context header")
+        clean = definition.validate_payload(payload)
+        faults.validate_payload_faults(clean, self.demo_faults)
+        digest = sagas.payload_hash(clean)
+        now = self.clock.now()
+        saga_id = str(uuid.uuid4())
+        state = SagaState.new(
+            definition,
+            saga_id=saga_id,
+            business_key=business_key,
+            payload=clean,
+            now=now,
+            traceparent=traceparent,
+        )
+        decision = decide(definition, state, Started(), now)
+        if session is not None:
+            return self._start_in_session(session, definition, decision, digest)
+        with translated(str(self.engine.url)), self.engine.begin() as conn:
+            handle, messages = self._write_start(conn, definition, decision, digest)
+        if handle.created:
+            deliver(self.engine, saga_outbox, self._publisher(), messages)
+        return handle
+
+    def _start_in_session(
+        self, session: Session, definition: SagaDefinition, decision: Decision, digest: str
+    ) -> SagaHandle:
+        handle, messages = self._write_start(session.connection(), definition, decision, digest)
+        if handle.created and messages:
+            engine = self.engine
+            publisher = self._publisher
+
+            def publish_after_commit(_session: Session) -> None:
+                deliver(engine, saga_outbox, publisher(), messages)
+
+            event.listen(session, "after_commit", publish_after_commit, once=True)
+        return handle
+
+    def _write_start(
+        self, conn: Connection, definition: SagaDefinition, decision: Decision, digest: str
+    ) -> tuple[SagaHandle, list[OutboundMessage]]:
+        state = decision.state
+        now = state.created_at
+        if not sagas.insert_new(conn, state, digest, now, [s.name for s in definition.steps]):
+            existing = sagas.find_by_key(conn, state.saga_type, state.business_key)
+            if existing is None:  # deleted between the two statements
+                raise InputError("the saga for this business key disappeared; try again")
+            if existing.payload_hash != digest:
+                raise BusinessKeyConflict(
+                    f"business key {state.business_key!r} already started saga {existing.saga_id} "
+                    "with a different payload",
+                    saga_id=str(existing.saga_id),
+                )
+            return (
+                SagaHandle(
+                    str(existing.saga_id),
+                    state.saga_type,
+                    state.business_key,
+                    SagaStatus(existing.status),
+                    created=False,
+                ),
+                [],
+            )
+        sagas.append_history(conn, state.saga_id, decision.history, now)
+        messages = [self._command_message(state, c, causation_id=None) for c in decision.commands]
+        outbox.write(conn, saga_outbox, messages)
+        metrics.SAGAS_STARTED.labels(saga_type=state.saga_type).inc()
+        log.info(
+            "saga started",
+            extra=_log_fields(state, None, status_before=None, status_after=state.status),
+        )
+        return (
+            SagaHandle(state.saga_id, state.saga_type, state.business_key, state.status, created=True),
+            messages,
+        )
+
+    # -- replies --------------------------------------------------------------------------
+
+    def handle_reply(
+        self,
+        message_id: str,
+        headers: Mapping[str, Any] | None,
+        body: Any,
+        *,
+        queue: str | None = None,
+    ) -> Classification:
+        """Apply one reply; every outcome is written down, none raises for bad input."""
+        from saga_tasks import invalid
+
+        try:
+            saga_id, reply = parse_reply(message_id, headers, body)
+        except InvalidMessage as exc:
+            invalid.record(
+                self.engine,
+                consumer=ORCHESTRATOR,
+                reason=exc.reason,
+                queue=queue,
+                task_name="saga_tasks.reply",
+                message_id=message_id,
+                headers=headers,
+                body=body,
+            )
+            return Classification.INVALID
+        now = self.clock.now()
+        messages: list[OutboundMessage] = []
+        with translated(str(self.engine.url)), self.engine.begin() as conn:
+            if not inbox.claim(conn, ORCHESTRATOR, message_id, saga_id):
+                sagas.append_note_if_exists(
+                    conn,
+                    saga_id,
+                    event="duplicate_message",
+                    reason="message already consumed",
+                    message_id=message_id,
+                    now=now,
+                )
+                metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
+                log.info(
+                    "duplicate message ignored",
+                    extra={"saga_id": saga_id, "message_id": message_id, "step": reply.step},
+                )
+                return Classification.DUPLICATE
+            state = sagas.lock(conn, saga_id)
+            if state is None:
+                reason = f"reply for unknown saga {saga_id}"
+            else:
+                definition = self.registry.get(state.saga_type, state.definition_version)
+                decision = decide(definition, state, reply, now)
+                if decision.changed:
+                    sagas.save(conn, state, decision.state, now, [s.name for s in definition.steps])
+                sagas.append_history(conn, saga_id, decision.history, now, causation_id=message_id)
+                messages = [
+                    self._command_message(decision.state, c, causation_id=message_id)
+                    for c in decision.commands
+                ]
+                outbox.write(conn, saga_outbox, messages)
+                reason = next((h.reason or "" for h in decision.history), "")
+        if state is None or decision.classification is Classification.INVALID:
+            invalid.record(
+                self.engine,
+                consumer=ORCHESTRATOR,
+                reason=reason,
+                queue=queue,
+                task_name="saga_tasks.reply",
+                message_id=message_id,
+                headers=headers,
+                body=body,
+            )
+            return Classification.INVALID
+        self._after_decision(state, decision, message_id)
+        deliver(self.engine, saga_outbox, self._publisher(), messages)
+        return decision.classification
+
+    def _after_decision(self, before: SagaState, decision: Decision, message_id: str) -> None:
+        after = decision.state
+        metrics.MESSAGES.labels(
+            consumer=ORCHESTRATOR, classification=decision.classification.value
+        ).inc()
+        if decision.changed and after.status != before.status and (
+            after.status in TERMINAL_SAGA or after.status is SagaStatus.MANUAL_REVIEW
+        ):
+            metrics.SAGAS_FINISHED.labels(saga_type=after.saga_type, status=after.status.value).inc()
+        level = logging.INFO if decision.classification is Classification.ACCEPTED else logging.WARNING
+        for entry in decision.history:
+            log.log(
+                level,
+                entry.event,
+                extra={
+                    **_log_fields(after, message_id, status_before=before.status, status_after=after.status),
+                    "step": entry.step,
+                    "step_status_before": entry.step_status_before,
+                    "step_status_after": entry.step_status_after,
+                    "reason": entry.reason,
+                },
+            )
+
+    def _command_message(
+        self, state: SagaState, intent: CommandIntent, causation_id: str | None
+    ) -> OutboundMessage:
+        return OutboundMessage(
+            message_id=intent.message_id,
+            task_name=intent.task_name,
+            queue=intent.queue,
+            headers=command_headers(
+                saga_id=state.saga_id,
+                saga_type=state.saga_type,
+                step=intent.step,
+                kind=intent.kind,
+                command_id=intent.command_id,
+                attempt=intent.attempt,
+                correlation_id=state.correlation_id or state.saga_id,
+                causation_id=causation_id,
+                compensates=intent.compensates,
+                traceparent=state.traceparent,
+            ),
+            body=intent.body,
+            saga_id=state.saga_id,
+            routing_key=self.topology.routing_key(intent.queue, intent.task_name),
+        )
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get(self, saga_id: str) -> SagaState:
+        try:
+            uuid.UUID(saga_id)
+        except ValueError:
+            raise SagaNotFound(f"{saga_id!r} is not a saga id (a UUID)") from None
+        with translated(str(self.engine.url)), self.engine.connect() as conn:
+            state = sagas.load(conn, saga_id)
+        if state is None:
+            raise SagaNotFound(f"no saga {saga_id}")
+        return state
+
+
+def _log_fields(
+    state: SagaState,
+    message_id: str | None,
+    *,
+    status_before: SagaStatus | None,
+    status_after: SagaStatus,
+) -> dict[str, Any]:
+    return {
+        "saga_id": state.saga_id,
+        "saga_type": state.saga_type,
+        "correlation_id": state.correlation_id,
+        "causation_id": message_id,
+        "message_id": message_id,
+        "status_before": status_before,
+        "status_after": status_after,
+    }

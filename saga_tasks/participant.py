@@ -1,0 +1,371 @@
+"""Turning business functions into idempotent command handlers on a participant's queue.
+
+    inventory = Participant("inventory")          # queue inventory.commands, schema inventory
+
+    @inventory.command("reserve")
+    def reserve(ctx: CommandContext) -> dict: ...  # raise BusinessRejection to refuse
+
+    @inventory.compensation("release", undoes="reserve")
+    def release(ctx: CommandContext) -> dict: ...
+
+For every command, in one transaction of the participant's own database:
+the command ledger is claimed by command id (a duplicate re-sends the stored reply
+and runs nothing), the business function runs inside a savepoint, and the reply is
+written to the participant's outbox. The reply is published after commit.
+
+A compensation whose forward command never ran leaves a tombstone in the ledger
+under the forward command's id and succeeds; if the forward command arrives later,
+it meets the tombstone and is refused, never executed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, MetaData, Table, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from saga_tasks import faults, invalid, metrics
+from saga_tasks.clock import Clock
+from saga_tasks.delivery import deliver
+from saga_tasks.errors import BusinessRejection, InvalidMessage
+from saga_tasks.messages import Command, OutboundMessage, parse_command, reply_message
+from saga_tasks.messaging.publisher import Publisher
+from saga_tasks.messaging.topology import REPLY_QUEUE, command_queue
+from saga_tasks.persistence import outbox
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.tables import ledger_table, outbox_table
+from saga_tasks.states import MessageKind, Outcome
+
+log = logging.getLogger("saga_tasks.participant")
+
+_REPLY_NAMESPACE = uuid.UUID("3f1e8f3c-55a7-4c4b-8f0e-2b8f7f8d9a10")
+TOMBSTONED = "compensated_before_execution"
+"""Error code of the reply to a forward command that arrived after its compensation."""
+
+
+@dataclass(frozen=True)
+class CommandContext:
+    """What a handler gets: the open transaction and the command."""
+
+    conn: Connection
+    command: Command
+    now: datetime
+
+    @property
+    def saga_id(self) -> str:
+        return self.command.saga_id
+
+    @property
+    def command_id(self) -> str:
+        return self.command.command_id
+
+    @property
+    def payload(self) -> Mapping[str, Any]:
+        return self.command.payload
+
+    def result_of(self, step: str) -> Mapping[str, Any]:
+        """What an earlier step returned; empty if it returned nothing."""
+        return self.command.results.get(step) or {}
+
+
+HandlerFunction = Callable[[CommandContext], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A business function bound to a task name and a queue; callable as the function."""
+
+    participant: str
+    action: str
+    kind: MessageKind
+    fn: HandlerFunction
+    queue: str
+    undoes: str | None = None
+
+    @property
+    def task_name(self) -> str:
+        return f"{self.participant}.{self.action}"
+
+    def __call__(self, ctx: CommandContext) -> Mapping[str, Any] | None:
+        return self.fn(ctx)
+
+
+class Participant:
+    """A service that owns a queue, a database schema, a command ledger and an outbox."""
+
+    def __init__(self, name: str, *, schema: str | None = None, queue: str | None = None) -> None:
+        if not name.isidentifier():
+            raise ValueError(f"participant name {name!r} must be an identifier")
+        self.name = name
+        self.schema = schema or name
+        self.queue = queue or command_queue(name)
+        self.metadata = MetaData()
+        self.ledger: Table = ledger_table(self.schema, self.metadata)
+        self.outbox: Table = outbox_table(self.schema, self.metadata)
+        self.handlers: dict[str, Handler] = {}
+
+    def command(self, action: str) -> Callable[[HandlerFunction], Handler]:
+        return self._register(action, MessageKind.COMMAND, None)
+
+    def compensation(self, action: str, *, undoes: str) -> Callable[[HandlerFunction], Handler]:
+        return self._register(action, MessageKind.COMPENSATION, undoes)
+
+    def _register(
+        self, action: str, kind: MessageKind, undoes: str | None
+    ) -> Callable[[HandlerFunction], Handler]:
+        if action in self.handlers:
+            raise ValueError(f"{self.name}.{action} is defined twice")
+
+        def decorate(fn: HandlerFunction) -> Handler:
+            handler = Handler(self.name, action, kind, fn, self.queue, undoes)
+            self.handlers[action] = handler
+            return handler
+
+        return decorate
+
+    def __repr__(self) -> str:
+        return f"Participant({self.name!r}, queue={self.queue!r})"
+
+
+def reply_id_for(command_id: str) -> str:
+    return str(uuid.uuid5(_REPLY_NAMESPACE, f"{command_id}/reply"))
+
+
+@dataclass(frozen=True)
+class _Reply:
+    outcome: Outcome
+    result: Mapping[str, Any] | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+    def stored(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "result": dict(self.result) if self.result is not None else None,
+            "error_code": self.error_code,
+            "error_message": self.error_message,
+        }
+
+    @classmethod
+    def from_stored(cls, value: Mapping[str, Any]) -> _Reply:
+        return cls(
+            Outcome(value["outcome"]),
+            value.get("result"),
+            value.get("error_code"),
+            value.get("error_message"),
+        )
+
+
+class ParticipantRuntime:
+    """Runs handlers of one participant: the ledger, the savepoint, the outbox, the publish."""
+
+    def __init__(
+        self,
+        participant: Participant,
+        *,
+        engine: Callable[[], Engine],
+        publisher: Callable[[], Publisher],
+        clock: Clock,
+        demo_faults: bool,
+    ) -> None:
+        self.participant = participant
+        self._engine = engine
+        self._publisher = publisher
+        self.clock = clock
+        self.demo_faults = demo_faults
+
+    def execute(
+        self,
+        handler: Handler,
+        *,
+        message_id: str,
+        headers: Mapping[str, Any] | None,
+        body: Any,
+        redelivered: bool,
+    ) -> str:
+        """Handle one delivery; return what happened (for logs and tests)."""
+        engine = self._engine()
+        try:
+            command = parse_command(message_id, headers, body)
+            if command.kind is not handler.kind:
+                raise InvalidMessage(f"a {command.kind.value} message reached {handler.task_name}")
+        except InvalidMessage as exc:
+            invalid.record(
+                engine,
+                consumer=self.participant.name,
+                reason=exc.reason,
+                queue=self.participant.queue,
+                task_name=handler.task_name,
+                message_id=message_id,
+                headers=headers,
+                body=body,
+            )
+            return "invalid"
+        fields = {
+            "saga_id": command.saga_id,
+            "message_id": message_id,
+            "step": command.step,
+            "command_id": command.command_id,
+            "participant": self.participant.name,
+            "correlation_id": command.correlation_id,
+        }
+        fault = None if redelivered else faults.fault_for(command.payload, handler.task_name, self.demo_faults)
+        if fault and fault.kind is faults.FaultKind.SLOW:
+            faults.pause(fault.seconds)
+        with translated(str(engine.url)), engine.begin() as conn:
+            reply, duplicate = self._handle(conn, handler, command, fault, fields)
+        if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
+            faults.crash("after commit, before the reply is published", **fields)
+        publisher = self._publisher()
+        deliver(engine, self.participant.outbox, publisher, [reply])
+        if fault and fault.kind is faults.FaultKind.DUPLICATE_REPLY:
+            publisher.publish([reply])
+        outcome = "duplicate" if duplicate else str(reply.body.get("outcome"))
+        metrics.MESSAGES.labels(
+            consumer=self.participant.name, classification="duplicate" if duplicate else "accepted"
+        ).inc()
+        log.info("%s handled: %s", handler.task_name, outcome, extra=fields)
+        return outcome
+
+    def _handle(
+        self,
+        conn: Connection,
+        handler: Handler,
+        command: Command,
+        fault: faults.Fault | None,
+        fields: Mapping[str, Any],
+    ) -> tuple[OutboundMessage, bool]:
+        ledger = self.participant.ledger
+        claimed = conn.execute(
+            pg_insert(ledger)
+            .values(
+                command_id=command.command_id,
+                saga_id=command.saga_id,
+                step=command.step,
+                kind=command.kind.value,
+                task_name=handler.task_name,
+                outcome="pending",
+                compensates=command.compensates,
+            )
+            .on_conflict_do_nothing(index_elements=["command_id"])
+            .returning(ledger.c.command_id)
+        ).first()
+        if claimed is None:
+            row = conn.execute(
+                select(ledger.c.kind, ledger.c.reply, ledger.c.reply_message_id).where(
+                    ledger.c.command_id == command.command_id
+                )
+            ).one()
+            if row.kind == "tombstone":
+                log.warning("command refused: its compensation ran first", extra=dict(fields))
+            else:
+                log.info("duplicate command: re-sending the stored reply", extra=dict(fields))
+            stored = _Reply.from_stored(row.reply)
+            return self._reply_message(command, str(row.reply_message_id), stored), True
+
+        now = self.clock.now()
+        if handler.kind is MessageKind.COMPENSATION and command.compensates is not None:
+            nothing_to_undo = self._forward_never_took_effect(conn, handler, command, now)
+        else:
+            nothing_to_undo = None
+        if nothing_to_undo is not None:
+            reply = _Reply(Outcome.SUCCESS, {"nothing_to_undo": nothing_to_undo})
+        else:
+            reply = self._run(conn, handler, command, now, fields)
+        if fault and fault.kind is faults.FaultKind.RAISE:
+            raise RuntimeError(f"demo fault in {handler.task_name}")
+        reply_id = reply_id_for(command.command_id)
+        message = self._reply_message(command, reply_id, reply)
+        outbox.write(conn, self.participant.outbox, [message])
+        conn.execute(
+            update(ledger)
+            .where(ledger.c.command_id == command.command_id)
+            .values(outcome=reply.outcome.value, reply=reply.stored(), reply_message_id=reply_id)
+        )
+        if fault and fault.kind is faults.FaultKind.CRASH_BEFORE_COMMIT:
+            faults.crash("inside the transaction, before commit", **fields)
+        return message, False
+
+    def _run(
+        self,
+        conn: Connection,
+        handler: Handler,
+        command: Command,
+        now: datetime,
+        fields: Mapping[str, Any],
+    ) -> _Reply:
+        ctx = CommandContext(conn=conn, command=command, now=now)
+        savepoint = conn.begin_nested()
+        try:
+            result = handler.fn(ctx)
+        except BusinessRejection as rejection:
+            savepoint.rollback()
+            log.info(
+                "%s refused: %s", handler.task_name, rejection.code, extra={**fields, "code": rejection.code}
+            )
+            return _Reply(Outcome.FAILURE, None, rejection.code, rejection.message)
+        except Exception:
+            savepoint.rollback()
+            log.exception("%s raised; the transaction is rolled back", handler.task_name, extra=dict(fields))
+            raise
+        savepoint.commit()
+        if result is not None and not isinstance(result, Mapping):
+            raise TypeError(f"{handler.task_name} must return a mapping or None, not {type(result).__name__}")
+        return _Reply(Outcome.SUCCESS, dict(result or {}))
+
+    def _forward_never_took_effect(
+        self, conn: Connection, handler: Handler, command: Command, now: datetime
+    ) -> str | None:
+        """Why there is nothing to undo, or None when the forward command took effect.
+
+        Claims the forward command's ledger key with a tombstone; if the forward
+        command is running right now, this waits for it on the key and then sees it.
+        """
+        ledger = self.participant.ledger
+        forward_id = command.compensates
+        assert forward_id is not None
+        tombstone_reply = _Reply(
+            Outcome.FAILURE, None, TOMBSTONED, "the compensation of this command ran before it"
+        )
+        forward_task = f"{self.participant.name}.{handler.undoes or '?'}"
+        placed = conn.execute(
+            pg_insert(ledger)
+            .values(
+                command_id=forward_id,
+                saga_id=command.saga_id,
+                step=command.step,
+                kind="tombstone",
+                task_name=forward_task,
+                outcome=Outcome.FAILURE.value,
+                reply=tombstone_reply.stored(),
+                reply_message_id=reply_id_for(forward_id),
+                created_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=["command_id"])
+            .returning(ledger.c.command_id)
+        ).first()
+        if placed is not None:
+            return "the forward command never ran here; a tombstone now refuses it"
+        outcome = conn.execute(
+            select(ledger.c.outcome).where(ledger.c.command_id == forward_id)
+        ).scalar_one()
+        if outcome == Outcome.FAILURE.value:
+            return "the forward command was refused, so it changed nothing"
+        return None
+
+    def _reply_message(self, command: Command, reply_id: str, reply: _Reply) -> OutboundMessage:
+        return reply_message(
+            command,
+            reply_id=reply_id,
+            reply_queue=REPLY_QUEUE,
+            outcome=reply.outcome,
+            result=reply.result,
+            error_code=reply.error_code,
+            error_message=reply.error_message,
+        )

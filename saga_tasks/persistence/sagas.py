@@ -1,0 +1,330 @@
+"""Reading and writing saga state, steps and history: the only SQL the orchestrator runs on them.
+
+Every write is a compare-and-set on ``version`` under a row lock, so a transition is
+applied once even when two deliveries of one message race.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from saga_tasks.decider import HistoryEntry
+from saga_tasks.errors import ConcurrencyConflict
+from saga_tasks.model import SagaState, StepState
+from saga_tasks.persistence.tables import saga_history, saga_instance, saga_step
+from saga_tasks.states import SagaStatus, StepStatus
+
+SYSTEM_ACTOR = "system"
+
+
+def payload_hash(payload: Mapping[str, Any]) -> str:
+    """A stable digest of a payload, to tell a repeated start from a conflicting one."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def insert_new(
+    conn: Connection, state: SagaState, digest: str, now: datetime, step_order: Sequence[str]
+) -> bool:
+    """Insert a saga and its steps unless its (type, business key) exists; True when inserted.
+
+    A concurrent start with the same key blocks on the unique index until the first
+    transaction ends, then conflicts: exactly one saga per key, whatever the timing.
+    """
+    stmt = (
+        pg_insert(saga_instance)
+        .values(
+            saga_id=state.saga_id,
+            saga_type=state.saga_type,
+            definition_version=state.definition_version,
+            business_key=state.business_key,
+            status=state.status.value,
+            status_reason=state.reason,
+            version=state.version,
+            payload=dict(state.payload),
+            payload_hash=digest,
+            correlation_id=state.correlation_id or state.saga_id,
+            traceparent=state.traceparent,
+            deadline=state.deadline,
+            next_wake_at=state.next_wake_at(),
+            created_at=now,
+            updated_at=now,
+            finished_at=state.finished_at,
+        )
+        .on_conflict_do_nothing(index_elements=["saga_type", "business_key"])
+        .returning(saga_instance.c.saga_id)
+    )
+    if conn.execute(stmt).first() is None:
+        return False
+    conn.execute(
+        insert(saga_step),
+        [_step_row(state.saga_id, name, i, state.steps[name]) for i, name in enumerate(step_order)],
+    )
+    return True
+
+
+def find_by_key(conn: Connection, saga_type: str, business_key: str) -> Row[Any] | None:
+    stmt = select(
+        saga_instance.c.saga_id, saga_instance.c.status, saga_instance.c.payload_hash
+    ).where(
+        saga_instance.c.saga_type == saga_type, saga_instance.c.business_key == business_key
+    )
+    return conn.execute(stmt).first()
+
+
+_STEP_COLUMNS = (
+    saga_step.c.step,
+    saga_step.c.status.label("step_status"),
+    saga_step.c.attempt,
+    saga_step.c.compensation_attempt,
+    saga_step.c.generation,
+    saga_step.c.command_id,
+    saga_step.c.compensation_id,
+    saga_step.c.requested_at,
+    saga_step.c.deadline.label("step_deadline"),
+    saga_step.c.finished_at.label("step_finished_at"),
+    saga_step.c.result,
+    saga_step.c.last_error,
+)
+
+
+def lock(conn: Connection, saga_id: str) -> SagaState | None:
+    """Load one saga with its steps and hold its row lock until the transaction ends."""
+    stmt = (
+        select(saga_instance, *_STEP_COLUMNS)
+        .select_from(
+            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
+        )
+        .where(saga_instance.c.saga_id == saga_id)
+        .order_by(saga_step.c.position)
+        .with_for_update(of=saga_instance)
+    )
+    rows = conn.execute(stmt).all()
+    return _to_state(rows) if rows else None
+
+
+def load(conn: Connection, saga_id: str) -> SagaState | None:
+    """Like ``lock`` without the lock: for reading tools."""
+    stmt = (
+        select(saga_instance, *_STEP_COLUMNS)
+        .select_from(
+            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
+        )
+        .where(saga_instance.c.saga_id == saga_id)
+        .order_by(saga_step.c.position)
+    )
+    rows = conn.execute(stmt).all()
+    return _to_state(rows) if rows else None
+
+
+def _to_state(rows: Sequence[Row[Any]]) -> SagaState:
+    head = rows[0]._mapping
+    steps: dict[str, StepState] = {}
+    for row in rows:
+        m = row._mapping
+        if m["step"] is None:
+            continue
+        steps[m["step"]] = StepState(
+            status=StepStatus(m["step_status"]),
+            attempt=m["attempt"],
+            compensation_attempt=m["compensation_attempt"],
+            generation=m["generation"],
+            command_id=m["command_id"],
+            compensation_id=m["compensation_id"],
+            requested_at=m["requested_at"],
+            deadline=m["step_deadline"],
+            finished_at=m["step_finished_at"],
+            result=m["result"],
+            error=m["last_error"],
+        )
+    return SagaState(
+        saga_id=head["saga_id"],
+        saga_type=head["saga_type"],
+        definition_version=head["definition_version"],
+        business_key=head["business_key"],
+        status=SagaStatus(head["status"]),
+        version=head["version"],
+        payload=head["payload"],
+        steps=steps,
+        created_at=head["created_at"],
+        deadline=head["deadline"],
+        reason=head["status_reason"],
+        finished_at=head["finished_at"],
+        correlation_id=head["correlation_id"],
+        traceparent=head["traceparent"],
+        extra={"updated_at": head["updated_at"]},
+    )
+
+
+def save(
+    conn: Connection,
+    old: SagaState,
+    new: SagaState,
+    now: datetime,
+    step_order: Sequence[str],
+) -> None:
+    """Write ``new`` over ``old``; raise ``ConcurrencyConflict`` if someone else moved it first."""
+    result = conn.execute(
+        update(saga_instance)
+        .where(and_(saga_instance.c.saga_id == old.saga_id, saga_instance.c.version == old.version))
+        .values(
+            status=new.status.value,
+            status_reason=new.reason,
+            version=new.version,
+            deadline=new.deadline,
+            next_wake_at=new.next_wake_at(),
+            updated_at=now,
+            finished_at=new.finished_at,
+        )
+    )
+    if result.rowcount != 1:
+        raise ConcurrencyConflict(
+            f"saga {old.saga_id} is no longer at version {old.version}; its message will be retried"
+        )
+    changed = [name for name in step_order if old.steps.get(name) != new.steps[name]]
+    if not changed:
+        return
+    position = {name: i for i, name in enumerate(step_order)}
+    rows = [_step_row(new.saga_id, name, position[name], new.steps[name]) for name in changed]
+    stmt = pg_insert(saga_step)
+    conn.execute(
+        stmt.on_conflict_do_update(
+            constraint="pk_saga_step",
+            set_={
+                c: stmt.excluded[c]
+                for c in (
+                    "status",
+                    "attempt",
+                    "compensation_attempt",
+                    "generation",
+                    "command_id",
+                    "compensation_id",
+                    "requested_at",
+                    "deadline",
+                    "finished_at",
+                    "result",
+                    "last_error",
+                )
+            },
+        ),
+        rows,
+    )
+
+
+def _step_row(saga_id: str, name: str, position: int, st: StepState) -> dict[str, Any]:
+    return {
+        "saga_id": saga_id,
+        "step": name,
+        "position": position,
+        "status": st.status.value,
+        "attempt": st.attempt,
+        "compensation_attempt": st.compensation_attempt,
+        "generation": st.generation,
+        "command_id": st.command_id,
+        "compensation_id": st.compensation_id,
+        "requested_at": st.requested_at,
+        "deadline": st.deadline,
+        "finished_at": st.finished_at,
+        "result": dict(st.result) if st.result is not None else None,
+        "last_error": st.error,
+    }
+
+
+def append_history(
+    conn: Connection,
+    saga_id: str,
+    entries: Iterable[HistoryEntry],
+    now: datetime,
+    *,
+    causation_id: str | None = None,
+    actor: str = SYSTEM_ACTOR,
+) -> None:
+    rows = [
+        {
+            "saga_id": saga_id,
+            "at": now,
+            "event": e.event,
+            "step": e.step,
+            "status_before": e.saga_status_before.value if e.saga_status_before else None,
+            "status_after": e.saga_status_after.value,
+            "step_status_before": e.step_status_before.value if e.step_status_before else None,
+            "step_status_after": e.step_status_after.value if e.step_status_after else None,
+            "message_id": e.message_id,
+            "causation_id": causation_id,
+            "actor": actor,
+            "reason": e.reason,
+            "detail": dict(e.detail),
+        }
+        for e in entries
+    ]
+    if rows:
+        conn.execute(insert(saga_history), rows)
+
+
+def append_note_if_exists(
+    conn: Connection,
+    saga_id: str,
+    *,
+    event: str,
+    reason: str,
+    message_id: str | None,
+    now: datetime,
+) -> bool:
+    """A history line for a saga that may not exist, without locking it; True if written."""
+    status = conn.execute(
+        select(saga_instance.c.status).where(saga_instance.c.saga_id == saga_id)
+    ).scalar_one_or_none()
+    if status is None:
+        return False
+    conn.execute(
+        insert(saga_history).values(
+            saga_id=saga_id,
+            at=now,
+            event=event,
+            status_before=status,
+            status_after=status,
+            message_id=message_id,
+            actor=SYSTEM_ACTOR,
+            reason=reason,
+            detail={},
+        )
+    )
+    return True
+
+
+def history(conn: Connection, saga_id: str) -> list[dict[str, Any]]:
+    stmt = select(saga_history).where(saga_history.c.saga_id == saga_id).order_by(saga_history.c.id)
+    return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def list_sagas(
+    conn: Connection,
+    *,
+    status: SagaStatus | None = None,
+    saga_type: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    stmt = select(
+        saga_instance.c.saga_id,
+        saga_instance.c.saga_type,
+        saga_instance.c.business_key,
+        saga_instance.c.status,
+        saga_instance.c.status_reason,
+        saga_instance.c.version,
+        saga_instance.c.created_at,
+        saga_instance.c.updated_at,
+        saga_instance.c.finished_at,
+    )
+    if status is not None:
+        stmt = stmt.where(saga_instance.c.status == status.value)
+    if saga_type is not None:
+        stmt = stmt.where(saga_instance.c.saga_type == saga_type)
+    stmt = stmt.order_by(saga_instance.c.created_at.desc()).limit(limit)
+    return [dict(r._mapping) for r in conn.execute(stmt)]

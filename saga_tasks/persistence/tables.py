@@ -1,0 +1,183 @@
+"""The schema, declared once in SQLAlchemy Core; migrations create exactly this.
+
+The orchestrator's tables live in the ``saga`` schema. Each participant owns a
+schema of its own holding its command ledger and outbox next to its business
+tables, as it would in a database of its own.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+SAGA_SCHEMA = "saga"
+ORCHESTRATOR = "orchestrator"
+"""Consumer name of the orchestrator in the inbox."""
+
+metadata = MetaData()
+
+saga_instance = Table(
+    "saga_instance",
+    metadata,
+    Column("saga_id", UUID(as_uuid=False), primary_key=True),
+    Column("saga_type", Text, nullable=False),
+    Column("definition_version", Integer, nullable=False),
+    Column("business_key", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("status_reason", Text),
+    Column("version", BigInteger, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("payload_hash", Text, nullable=False),
+    Column("correlation_id", Text, nullable=False),
+    Column("traceparent", Text),
+    Column("deadline", DateTime(timezone=True)),
+    Column("next_wake_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    UniqueConstraint("saga_type", "business_key", name="uq_saga_type_business_key"),
+    Index(
+        "ix_saga_next_wake_active",
+        "next_wake_at",
+        postgresql_where=text("status IN ('RUNNING', 'COMPENSATING')"),
+    ),
+    Index("ix_saga_status_updated", "status", "updated_at"),
+    Index("ix_saga_created", "created_at"),
+    schema=SAGA_SCHEMA,
+)
+
+saga_step = Table(
+    "saga_step",
+    metadata,
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("step", Text, nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("compensation_attempt", Integer, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("command_id", UUID(as_uuid=False)),
+    Column("compensation_id", UUID(as_uuid=False)),
+    Column("requested_at", DateTime(timezone=True)),
+    Column("deadline", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("result", JSONB),
+    Column("last_error", Text),
+    PrimaryKeyConstraint("saga_id", "step", name="pk_saga_step"),
+    schema=SAGA_SCHEMA,
+)
+
+saga_history = Table(
+    "saga_history",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("event", Text, nullable=False),
+    Column("step", Text),
+    Column("status_before", Text),
+    Column("status_after", Text),
+    Column("step_status_before", Text),
+    Column("step_status_after", Text),
+    Column("message_id", Text),
+    Column("causation_id", Text),
+    Column("actor", Text, nullable=False),
+    Column("reason", Text),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Index("ix_history_saga", "saga_id", "id"),
+    schema=SAGA_SCHEMA,
+)
+
+
+def outbox_table(schema: str, meta: MetaData = metadata) -> Table:
+    """An outbox: messages a committed transaction owes the broker."""
+    return Table(
+        "outbox",
+        meta,
+        Column("message_id", UUID(as_uuid=False), primary_key=True),
+        Column("saga_id", UUID(as_uuid=False)),
+        Column("task_name", Text, nullable=False),
+        Column("queue", Text, nullable=False),
+        Column("routing_key", Text),
+        Column("headers", JSONB, nullable=False),
+        Column("body", JSONB, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        Column("published_at", DateTime(timezone=True)),
+        Column("publish_attempts", Integer, nullable=False, server_default=text("0")),
+        Index(
+            f"ix_{schema}_outbox_unpublished",
+            "created_at",
+            postgresql_where=text("published_at IS NULL"),
+        ),
+        schema=schema,
+    )
+
+
+def ledger_table(schema: str, meta: MetaData = metadata) -> Table:
+    """A participant's command ledger: one row per command id, holding the reply it gave.
+
+    ``kind`` is ``command``, ``compensation`` or ``tombstone``: a tombstone is the row a
+    compensation leaves for a forward command that never ran, so that the command,
+    should it arrive later, conflicts on the key and is refused.
+    """
+    return Table(
+        "command_ledger",
+        meta,
+        Column("command_id", UUID(as_uuid=False), primary_key=True),
+        Column("saga_id", UUID(as_uuid=False), nullable=False),
+        Column("step", Text, nullable=False),
+        Column("kind", Text, nullable=False),
+        Column("task_name", Text, nullable=False),
+        Column("outcome", Text, nullable=False),
+        Column("reply_message_id", UUID(as_uuid=False)),
+        Column("reply", JSONB),
+        Column("compensates", UUID(as_uuid=False)),
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        schema=schema,
+    )
+
+
+saga_outbox = outbox_table(SAGA_SCHEMA)
+
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("consumer", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("saga_id", UUID(as_uuid=False)),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("consumer", "message_id", name="pk_inbox"),
+    schema=SAGA_SCHEMA,
+)
+
+invalid_message = Table(
+    "invalid_message",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("consumer", Text, nullable=False),
+    Column("queue", Text),
+    Column("task_name", Text),
+    Column("message_id", Text),
+    Column("saga_id", Text),
+    Column("reason", Text, nullable=False),
+    Column("headers", JSONB, nullable=False),
+    Column("body_sha256", Text),
+    Column("body_size", Integer),
+    Index("ix_invalid_received", "received_at"),
+    schema=SAGA_SCHEMA,
+)

@@ -1,0 +1,167 @@
+"""Celery wiring: the app's settings, its tasks, and the hooks of its workers.
+
+The tasks are thin: each hands its message to the orchestrator or a participant
+runtime and returns. Acknowledgement comes after that returns, i.e. after the
+transaction committed (``acks_late``); a failure or a crash dead-letters the
+message once rather than dropping it or looping on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, bootsteps
+from celery.exceptions import Reject
+from celery.signals import after_setup_logger, after_setup_task_logger
+
+from saga_tasks.errors import SagaTasksError
+from saga_tasks.messages import REPLY_TASK
+from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, REPLY_QUEUE
+
+if TYPE_CHECKING:
+    from saga_tasks.app import SagaApp
+    from saga_tasks.participant import Handler, ParticipantRuntime
+
+RELAY_TASK = "saga_tasks.relay_outbox"
+log = logging.getLogger("saga_tasks.tasks")
+
+
+def build_celery(saga_app: SagaApp) -> Celery:
+    settings = saga_app.settings
+    celery = Celery(saga_app.name, set_as_current=False)
+    celery.conf.update(
+        broker_url=settings.broker_url,
+        result_backend=settings.result_backend,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"confirm_publish": True},
+        task_queues=saga_app.topology.work_queues(),
+        task_default_queue=MAINTENANCE_QUEUE,
+        task_create_missing_queues=False,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_acks_on_failure=False,
+        task_acks_on_timeout=True,
+        task_reject_on_worker_lost=False,
+        task_track_started=False,
+        worker_prefetch_multiplier=settings.prefetch_multiplier,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_consumer="saga_tasks.tasks.consumer:SagaConsumer",
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "saga-outbox-recovery": {
+                "task": RELAY_TASK,
+                "schedule": settings.relay_interval,
+                "options": {"expires": max(settings.relay_interval * 2, 1.0), "queue": MAINTENANCE_QUEUE},
+            },
+        },
+    )
+    celery.saga_app = saga_app  # type: ignore[attr-defined]
+    celery.steps["consumer"].add(DeclareTopology)
+    _register_orchestrator_tasks(celery, saga_app)
+    for runtime in saga_app.runtimes.values():
+        for handler in runtime.participant.handlers.values():
+            _register_handler(celery, runtime, handler)
+    _connect_logging(saga_app)
+    return celery
+
+
+def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
+    @celery.task(name=REPLY_TASK, bind=True, queue=REPLY_QUEUE)
+    def reply(self: Any, *args: Any, **kwargs: Any) -> str:
+        """Apply a participant's reply to its saga."""
+        body: Any = kwargs if not args else {"args": list(args), **kwargs}
+        with _requeue_when_retryable(self.request):
+            outcome = saga_app.orchestrator.handle_reply(
+                self.request.id,
+                self.request.headers,
+                body,
+                queue=(self.request.delivery_info or {}).get("routing_key"),
+            )
+        return outcome.value
+
+    @celery.task(name=RELAY_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
+    def relay_outbox(self: Any) -> dict[str, int]:
+        """Publish outbox rows whose publish-after-commit did not happen (crash, outage)."""
+        from saga_tasks.delivery import relay
+
+        published: dict[str, int] = {}
+        for table in saga_app.outbox_tables():
+            report = relay(
+                saga_app.engine,
+                table,
+                saga_app.publisher,
+                min_age_seconds=saga_app.settings.relay_min_age,
+                batch=saga_app.settings.relay_batch,
+            )
+            published[report.table] = report.published
+        return published
+
+
+def _register_handler(celery: Celery, runtime: ParticipantRuntime, handler: Handler) -> None:
+    def run(self: Any, *args: Any, **kwargs: Any) -> str:
+        request = self.request
+        delivery = request.delivery_info or {}
+        body: Any = kwargs if not args else {"args": list(args), **kwargs}
+        with _requeue_when_retryable(request):
+            return runtime.execute(
+                handler,
+                message_id=request.id,
+                headers=request.headers,
+                body=body,
+                redelivered=bool(delivery.get("redelivered")) or bool(request.retries),
+            )
+
+    run.__doc__ = (handler.fn.__doc__ or "").strip() or f"{handler.task_name} command handler"
+    celery.task(name=handler.task_name, bind=True, queue=handler.queue)(run)
+
+
+@contextmanager
+def _requeue_when_retryable(request: Any) -> Iterator[None]:
+    """A passing fault (database away, lost race) gives the message back to the queue.
+
+    Anything else propagates: Celery rejects the message without requeue and the
+    broker dead-letters it, so nothing is dropped and nothing loops.
+    """
+    try:
+        yield
+    except SagaTasksError as exc:
+        if not exc.retryable:
+            raise
+        headers = request.headers or {}
+        log.warning(
+            "retryable error, message requeued: %s",
+            exc,
+            extra={"saga_id": headers.get("saga_id"), "message_id": request.id},
+        )
+        raise Reject(str(exc), requeue=True) from exc
+
+
+class DeclareTopology(bootsteps.StartStopStep):
+    """Declare every exchange and queue (retry, dead-letter, parking too) on each connect.
+
+    Dead-lettering to an exchange with no queue bound drops the message, so the
+    holding queues must exist before any work queue can dead-letter into them.
+    """
+
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def start(self, c: Any) -> None:
+        c.app.saga_app.topology.declare(c.connection)
+
+
+def _connect_logging(saga_app: SagaApp) -> None:
+    from saga_tasks.observability import configure_logging
+
+    def setup(logger: Any = None, **_: Any) -> None:
+        configure_logging(saga_app.settings)
+
+    after_setup_logger.connect(setup, weak=False)
+    after_setup_task_logger.connect(setup, weak=False)

@@ -1,0 +1,82 @@
+"""The worker's consumer, with every "this message makes no sense" path recorded.
+
+Celery logs and acks an undecodable body, and rejects a message with no task name
+or an unknown one; none of that reaches our tasks. Here each of those is written
+to ``saga.invalid_message`` with its reason (and counted) before the message is
+acked, so the worker keeps running and an operator can see what arrived. If even
+the record cannot be written, the message is rejected into the dead-letter queue
+instead of being dropped.
+
+Protocol 2 defers decoding to the pool; the body is decoded once here first so an
+unparseable one is caught before it becomes an anonymous task failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker.consumer import Consumer
+
+from saga_tasks import invalid
+from saga_tasks.errors import ServiceUnavailable
+
+log = logging.getLogger("saga_tasks.consumer")
+
+
+class SagaConsumer(Consumer):  # type: ignore[misc]
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
+        handler = super().create_task_handler(*args, **kwargs)
+
+        def on_task_received(message: Any) -> Any:
+            headers = getattr(message, "headers", None)
+            if isinstance(headers, dict) and "task" in headers:
+                try:
+                    message.decode()
+                except Exception as exc:  # noqa: BLE001 - any decoder error means undecodable
+                    return self.on_decode_error(message, exc)
+            return handler(message)
+
+        return on_task_received
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        self._record(message, f"undecodable body: {type(exc).__name__}: {_short(exc)}")
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        self._record(message, "not a task message (no task name in its headers)")
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        name = (getattr(message, "headers", None) or {}).get("task")
+        self._record(message, f"unknown task {str(name)[:100]!r}")
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._record(message, f"invalid task message: {_short(exc)}")
+
+    def _record(self, message: Any, reason: str) -> None:
+        headers = getattr(message, "headers", None)
+        headers = headers if isinstance(headers, dict) else {}
+        delivery = getattr(message, "delivery_info", None) or {}
+        saga_app = getattr(self.app, "saga_app", None)
+        try:
+            if saga_app is None:
+                raise ServiceUnavailable("saga app", "-", "worker has no saga app attached")
+            invalid.record(
+                saga_app.engine,
+                consumer=f"worker:{delivery.get('routing_key') or '?'}",
+                reason=reason,
+                queue=delivery.get("routing_key"),
+                task_name=str(headers.get("task"))[:200] if headers.get("task") else None,
+                message_id=str(headers.get("id"))[:200] if headers.get("id") else None,
+                headers=headers,
+                body=getattr(message, "body", None),
+            )
+        except ServiceUnavailable:
+            log.exception("invalid message could not be recorded; dead-lettering it instead")
+            message.reject_log_error(log, self.connection_errors, requeue=False)
+            return
+        message.ack_log_error(log, self.connection_errors)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
