@@ -37,19 +37,18 @@ def run_migrations_online() -> None:
     if not url:
         raise RuntimeError("no database URL: set SAGA_DATABASE_URL or sqlalchemy.url")
     engine = create_engine(url, poolclass=pool.NullPool)
-    with engine.connect() as connection:
-        with connection.begin():
-            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
-            connection.execute(text("CREATE SCHEMA IF NOT EXISTS saga"))
-            context.configure(
-                connection=connection,
-                target_metadata=target_metadata(),
-                version_table_schema="saga",
-                include_schemas=True,
-                include_name=_include_name,
-                compare_type=True,
-            )
-            context.run_migrations()
+    with engine.connect() as connection, connection.begin():
+        connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+        connection.execute(text("CREATE SCHEMA IF NOT EXISTS saga"))
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata(),
+            version_table_schema="saga",
+            include_schemas=True,
+            include_name=_include_name,
+            compare_type=True,
+        )
+        context.run_migrations()
     engine.dispose()
 
 

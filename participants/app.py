@@ -1,8 +1,8 @@
 """The example deployment: the order saga and its three participants.
 
-    celery -A participants.app worker -Q saga.replies,saga.maintenance -n orchestrator@%h
-    celery -A participants.app worker -Q inventory.commands -n inventory@%h
-    celery -A participants.app beat
+celery -A participants.app worker -Q saga.replies,saga.maintenance -n orchestrator@%h
+celery -A participants.app worker -Q inventory.commands -n inventory@%h
+celery -A participants.app beat
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from saga_tasks.participant import Participant, ParticipantRuntime
 from saga_tasks.persistence.db import get_engine
 from saga_tasks.persistence.tables import saga_outbox
 
-_default: SagaApp | None = None
+_default: list[SagaApp] = []
+"""The first SagaApp built in this process, which ``start_saga`` uses."""
 _default_lock = threading.Lock()
 
 
@@ -75,10 +76,9 @@ class SagaApp:
             )
             for p in participants
         }
-        global _default
         with _default_lock:
-            if _default is None:
-                _default = self
+            if not _default:
+                _default.append(self)
 
     @property
     def engine(self) -> Engine:
@@ -119,8 +119,8 @@ class SagaApp:
 
 def default_app() -> SagaApp:
     """The first SagaApp built in this process, else the one ``SAGA_TASKS_APP`` names."""
-    if _default is not None:
-        return _default
+    if _default:
+        return _default[0]
     return load_app(Settings.from_env().app)
 
 
@@ -132,7 +132,9 @@ def load_app(spec: str) -> SagaApp:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} (SAGA_TASKS_APP={spec}): {exc}") from exc
+        raise ConfigurationError(
+            f"cannot import {module_name!r} (SAGA_TASKS_APP={spec}): {exc}"
+        ) from exc
     candidate = getattr(module, attribute or "saga_app", None)
     if not isinstance(candidate, SagaApp):
         raise ConfigurationError(f"{spec} is not a SagaApp (set SAGA_TASKS_APP=module:attribute)")

@@ -100,7 +100,9 @@ class Settings:
                 f"SAGA_QUEUE_TYPE must be 'classic' or 'quorum', not {self.queue_type!r}"
             )
         if self.log_format not in ("text", "json"):
-            raise ConfigurationError(f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}")
+            raise ConfigurationError(
+                f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"
+            )
         for name in ("relay_interval", "relay_min_age", "publish_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")

@@ -142,7 +142,9 @@ class _Transition:
         name = event.step
         st = self.steps[name]
         if st.command_id is None or event.command_id != st.command_id:
-            self.invalid(event, f"reply to command {event.command_id} which step {name!r} did not send")
+            self.invalid(
+                event, f"reply to command {event.command_id} which step {name!r} did not send"
+            )
             return
         success = event.outcome is Outcome.SUCCESS
         if st.status is StepStatus.REQUESTED:
@@ -150,7 +152,9 @@ class _Transition:
             if success:
                 self.set_step(
                     name,
-                    st.evolve(status=StepStatus.SUCCEEDED, finished_at=self.now, result=event.result or {}),
+                    st.evolve(
+                        status=StepStatus.SUCCEEDED, finished_at=self.now, result=event.result or {}
+                    ),
                     "step_succeeded",
                     message_id=event.message_id,
                 )
@@ -206,7 +210,9 @@ class _Transition:
                     message_id=event.message_id,
                     reason=_error_text(event),
                 )
-                self.manual_review(f"compensation of step {name!r} was refused: {_error_text(event)}")
+                self.manual_review(
+                    f"compensation of step {name!r} was refused: {_error_text(event)}"
+                )
             return
         if (success and st.status is StepStatus.COMPENSATED) or (
             not success and st.status is StepStatus.COMPENSATION_FAILED
@@ -289,7 +295,9 @@ class _Transition:
 
     def send_action(self, s: Step, st: StepState) -> None:
         generation = st.generation
-        cid = st.command_id or command_id(self.before.saga_id, s.name, MessageKind.COMMAND, generation)
+        cid = st.command_id or command_id(
+            self.before.saga_id, s.name, MessageKind.COMMAND, generation
+        )
         attempt = st.attempt + 1
         new = st.evolve(
             status=StepStatus.REQUESTED,

@@ -2,7 +2,8 @@
 
     order = saga(
         "order",
-        step("create_order", "orders.create", compensation="orders.cancel", queue="orders.commands"),
+        step("create_order", "orders.create", compensation="orders.cancel",
+             queue="orders.commands"),
         step("reserve_stock", "inventory.reserve", compensation="inventory.release",
              queue="inventory.commands"),
         version=1, timeout=600, payload=OrderPayload,
@@ -121,7 +122,7 @@ def step(
     late_reply: LateReplyPolicy | str = LateReplyPolicy.COMPENSATE,
     depends_on: Iterable[str] | None = None,
 ) -> Step:
-    """Build a step. ``action`` may be a task name or a participant handler (which knows its queue)."""
+    """Build a step; ``action`` is a task name or a participant handler (which knows its queue)."""
     action_name, action_queue = _target(action)
     comp_name, comp_queue = _target(compensation) if compensation is not None else (None, None)
     chosen_queue = queue or action_queue or comp_queue or ""

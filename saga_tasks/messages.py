@@ -211,7 +211,9 @@ def reply_message(
     )
 
 
-def parse_reply(message_id: str, headers: Mapping[str, Any] | None, body: Any) -> tuple[str, ReplyReceived]:
+def parse_reply(
+    message_id: str, headers: Mapping[str, Any] | None, body: Any
+) -> tuple[str, ReplyReceived]:
     """Read a reply as ``(saga_id, event)``, or raise ``InvalidMessage`` naming what is wrong."""
     headers = headers or {}
     if not message_id:
@@ -231,9 +233,11 @@ def parse_reply(message_id: str, headers: Mapping[str, Any] | None, body: Any) -
         raise InvalidMessage("reply body must be a JSON object")
     outcome_raw = body.get("outcome")
     try:
-        outcome = Outcome(outcome_raw)
+        outcome = Outcome(str(outcome_raw))
     except ValueError:
-        raise InvalidMessage(f"reply outcome must be 'success' or 'failure', got {outcome_raw!r}") from None
+        raise InvalidMessage(
+            f"reply outcome must be 'success' or 'failure', got {outcome_raw!r}"
+        ) from None
     result = body.get("result")
     if result is not None and not isinstance(result, Mapping):
         raise InvalidMessage("reply 'result' must be a JSON object")

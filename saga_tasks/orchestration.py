@@ -207,7 +207,9 @@ class Orchestrator:
             extra=_log_fields(state, None, status_before=None, status_after=state.status),
         )
         return (
-            SagaHandle(state.saga_id, state.saga_type, state.business_key, state.status, created=True),
+            SagaHandle(
+                state.saga_id, state.saga_type, state.business_key, state.status, created=True
+            ),
             messages,
         )
 
@@ -292,17 +294,25 @@ class Orchestrator:
         metrics.MESSAGES.labels(
             consumer=ORCHESTRATOR, classification=decision.classification.value
         ).inc()
-        if decision.changed and after.status != before.status and (
-            after.status in TERMINAL_SAGA or after.status is SagaStatus.MANUAL_REVIEW
+        if (
+            decision.changed
+            and after.status != before.status
+            and (after.status in TERMINAL_SAGA or after.status is SagaStatus.MANUAL_REVIEW)
         ):
-            metrics.SAGAS_FINISHED.labels(saga_type=after.saga_type, status=after.status.value).inc()
-        level = logging.INFO if decision.classification is Classification.ACCEPTED else logging.WARNING
+            metrics.SAGAS_FINISHED.labels(
+                saga_type=after.saga_type, status=after.status.value
+            ).inc()
+        level = (
+            logging.INFO if decision.classification is Classification.ACCEPTED else logging.WARNING
+        )
         for entry in decision.history:
             log.log(
                 level,
                 entry.event,
                 extra={
-                    **_log_fields(after, message_id, status_before=before.status, status_after=after.status),
+                    **_log_fields(
+                        after, message_id, status_before=before.status, status_after=after.status
+                    ),
                     "step": entry.step,
                     "step_status_before": entry.step_status_before,
                     "step_status_after": entry.step_status_after,

@@ -215,7 +215,11 @@ class ParticipantRuntime:
             "participant": self.participant.name,
             "correlation_id": command.correlation_id,
         }
-        fault = None if redelivered else faults.fault_for(command.payload, handler.task_name, self.demo_faults)
+        fault = (
+            None
+            if redelivered
+            else faults.fault_for(command.payload, handler.task_name, self.demo_faults)
+        )
         if fault and fault.kind is faults.FaultKind.SLOW:
             faults.pause(fault.seconds)
         with translated(str(engine.url)), engine.begin() as conn:
@@ -307,16 +311,23 @@ class ParticipantRuntime:
         except BusinessRejection as rejection:
             savepoint.rollback()
             log.info(
-                "%s refused: %s", handler.task_name, rejection.code, extra={**fields, "code": rejection.code}
+                "%s refused: %s",
+                handler.task_name,
+                rejection.code,
+                extra={**fields, "code": rejection.code},
             )
             return _Reply(Outcome.FAILURE, None, rejection.code, rejection.message)
         except Exception:
             savepoint.rollback()
-            log.exception("%s raised; the transaction is rolled back", handler.task_name, extra=dict(fields))
+            log.exception(
+                "%s raised; the transaction is rolled back", handler.task_name, extra=dict(fields)
+            )
             raise
         savepoint.commit()
         if result is not None and not isinstance(result, Mapping):
-            raise TypeError(f"{handler.task_name} must return a mapping or None, not {type(result).__name__}")
+            raise TypeError(
+                f"{handler.task_name} must return a mapping or None, not {type(result).__name__}"
+            )
         return _Reply(Outcome.SUCCESS, dict(result or {}))
 
     def _forward_never_took_effect(

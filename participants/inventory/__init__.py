@@ -69,8 +69,12 @@ def reserve(ctx: CommandContext) -> Mapping[str, Any]:
         if row is None:
             raise BusinessRejection("unknown_sku", f"{sku} is not stocked")
         if row.on_hand - row.reserved < qty:
-            raise BusinessRejection("out_of_stock", f"{sku}: {row.on_hand - row.reserved} free, {qty} asked")
-        ctx.conn.execute(update(stock).where(stock.c.sku == sku).values(reserved=stock.c.reserved + qty))
+            raise BusinessRejection(
+                "out_of_stock", f"{sku}: {row.on_hand - row.reserved} free, {qty} asked"
+            )
+        ctx.conn.execute(
+            update(stock).where(stock.c.sku == sku).values(reserved=stock.c.reserved + qty)
+        )
     reservation_id = str(uuid.uuid5(_RESERVATION_IDS, ctx.command_id))
     ctx.conn.execute(
         insert(reservation).values(
@@ -90,13 +94,17 @@ def release(ctx: CommandContext) -> Mapping[str, Any]:
     """Give back what the reservation holds; a released or missing one changes nothing."""
     row = ctx.conn.execute(
         select(reservation.c.reservation_id, reservation.c["items"])
-        .where(reservation.c.command_id == ctx.command.compensates, reservation.c.status == "RESERVED")
+        .where(
+            reservation.c.command_id == ctx.command.compensates, reservation.c.status == "RESERVED"
+        )
         .with_for_update()
     ).first()
     if row is None:
         return {"released": False}
     for sku, qty in sorted(_quantities(row._mapping["items"]).items()):
-        ctx.conn.execute(update(stock).where(stock.c.sku == sku).values(reserved=stock.c.reserved - qty))
+        ctx.conn.execute(
+            update(stock).where(stock.c.sku == sku).values(reserved=stock.c.reserved - qty)
+        )
     ctx.conn.execute(
         update(reservation)
         .where(reservation.c.reservation_id == row.reservation_id)

@@ -75,6 +75,8 @@ def confirm(ctx: CommandContext) -> Mapping[str, Any]:
     if status != "PENDING":
         raise BusinessRejection("order_not_pending", f"order is {status}")
     ctx.conn.execute(
-        update(orders).where(orders.c.saga_id == ctx.saga_id).values(status="CONFIRMED", updated_at=ctx.now)
+        update(orders)
+        .where(orders.c.saga_id == ctx.saga_id)
+        .values(status="CONFIRMED", updated_at=ctx.now)
     )
     return {"status": "CONFIRMED"}

@@ -48,7 +48,9 @@ def authorize(ctx: CommandContext) -> Mapping[str, Any]:
     customer_id = ctx.payload["customer_id"]
     amount = int(ctx.payload["amount_cents"])
     limit = ctx.conn.execute(
-        select(customer.c.credit_limit_cents).where(customer.c.customer_id == customer_id).with_for_update()
+        select(customer.c.credit_limit_cents)
+        .where(customer.c.customer_id == customer_id)
+        .with_for_update()
     ).scalar_one_or_none()
     if limit is None:
         raise BusinessRejection("unknown_customer", "no payment account for this customer")
@@ -79,7 +81,10 @@ def void(ctx: CommandContext) -> Mapping[str, Any]:
     """Void the authorization; a voided or missing one changes nothing."""
     voided = ctx.conn.execute(
         update(authorization)
-        .where(authorization.c.command_id == ctx.command.compensates, authorization.c.status == "AUTHORIZED")
+        .where(
+            authorization.c.command_id == ctx.command.compensates,
+            authorization.c.status == "AUTHORIZED",
+        )
         .values(status="VOIDED", voided_at=ctx.now)
         .returning(authorization.c.authorization_id)
     ).first()

@@ -9,9 +9,9 @@ outbox row stays unpublished and recovery sends it later.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from celery import Celery
 
@@ -51,7 +51,7 @@ class Publisher:
                 for message in messages:
                     self._send(producer, message)
                     published.append(message.message_id)
-        except (AMQPError, KombuError, OSError, socket.timeout) as exc:
+        except (TimeoutError, AMQPError, KombuError, OSError) as exc:
             failed = tuple(m.message_id for m in messages[len(published) :])
             first = messages[len(published)]
             detail = str(exc) or type(exc).__name__
@@ -68,19 +68,25 @@ class Publisher:
             return PublishResult(tuple(published), failed, error)
         return PublishResult(tuple(published), ())
 
-    def _send(self, producer: object, message: OutboundMessage) -> None:
+    def _send(self, producer: Any, message: OutboundMessage) -> None:
         queue = self.topology.queue(message.queue)
         self.app.send_task(
             message.task_name,
             kwargs=dict(message.body),
             task_id=message.message_id,
             headers=dict(message.headers),
-            queue=queue,
+            queue=cast(Any, queue),  # a Queue object: its declared arguments travel with it
             exchange=queue.exchange.name,
-            routing_key=message.routing_key or self.topology.routing_key(message.queue, message.task_name),
+            routing_key=message.routing_key
+            or self.topology.routing_key(message.queue, message.task_name),
             producer=producer,
             mandatory=True,
             confirm_timeout=self.confirm_timeout,
             retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 1},
+            retry_policy={
+                "max_retries": 2,
+                "interval_start": 0,
+                "interval_step": 0.2,
+                "interval_max": 1,
+            },
         )

@@ -225,8 +225,10 @@ def declare_topology(broker_url: str, topology: Topology) -> list[str]:
     with Connection(broker_url, connect_timeout=5) as conn:
         try:
             conn.ensure_connection(max_retries=1)
-        except Exception as exc:  # noqa: BLE001 - kombu raises many transport errors
-            raise ServiceUnavailable("RabbitMQ", mask_url(broker_url), str(exc) or type(exc).__name__) from exc
+        except Exception as exc:
+            raise ServiceUnavailable(
+                "RabbitMQ", mask_url(broker_url), str(exc) or type(exc).__name__
+            ) from exc
         return topology.declare(conn)
 
 

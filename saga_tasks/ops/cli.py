@@ -148,7 +148,9 @@ def broker_declare(obj: _Context) -> None:
 
 @main.command()
 @click.argument("saga_type")
-@click.option("--key", "business_key", required=True, help="Business key; one saga per type and key.")
+@click.option(
+    "--key", "business_key", required=True, help="Business key; one saga per type and key."
+)
 @click.option("--payload", required=True, help="The payload, a JSON object.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -157,13 +159,17 @@ def start(obj: _Context, saga_type: str, business_key: str, payload: str, as_jso
     try:
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
-        _fail(f"--payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", EXIT_INPUT)
+        _fail(
+            f"--payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            EXIT_INPUT,
+        )
     app = obj.app()
     from saga_tasks.ops import services
+    from saga_tasks.persistence.db import check_database
 
     with _errors():
         app.registry.latest(saga_type)
-        services.check_database(app.settings.database_url)
+        check_database(app.settings.database_url)
         services.check_broker(app.settings.broker_url)
         handle = app.start_saga(saga_type, business_key, data)
     result = {
@@ -218,12 +224,16 @@ def _render_saga(v: dict[str, Any]) -> None:
 
 
 @main.command("list")
-@click.option("--status", help="RUNNING, COMPENSATING, COMPLETED, COMPENSATED, MANUAL_REVIEW or FAILED.")
+@click.option(
+    "--status", help="RUNNING, COMPENSATING, COMPLETED, COMPENSATED, MANUAL_REVIEW or FAILED."
+)
 @click.option("--type", "saga_type", help="Only sagas of this type.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def list_(obj: _Context, status: str | None, saga_type: str | None, limit: int, as_json: bool) -> None:
+def list_(
+    obj: _Context, status: str | None, saga_type: str | None, limit: int, as_json: bool
+) -> None:
     """List recent sagas, newest first."""
     from saga_tasks.ops.views import list_view
     from saga_tasks.states import saga_status
@@ -269,7 +279,9 @@ def invalid(obj: _Context, limit: int, as_json: bool) -> None:
         if not v["invalid_messages"]:
             click.echo("no invalid messages")
         for m in v["invalid_messages"]:
-            click.echo(f"{m['received_at']}  {m['consumer']:<22} {m['message_id'] or '-'}  {m['reason']}")
+            click.echo(
+                f"{m['received_at']}  {m['consumer']:<22} {m['message_id'] or '-'}  {m['reason']}"
+            )
 
     _emit(view, as_json, render)
 

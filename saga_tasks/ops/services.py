@@ -21,7 +21,7 @@ def check_broker(url: str) -> None:
     try:
         with Connection(url, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
-    except Exception as exc:  # noqa: BLE001 - kombu surfaces many transport errors
+    except Exception as exc:
         raise ServiceUnavailable("RabbitMQ", mask_url(url), _describe(exc)) from exc
 
 
@@ -64,7 +64,9 @@ def ensure_database(url: str) -> bool:
     if not name:
         raise ConfigurationError("SAGA_DATABASE_URL names no database")
     admin = create_engine(
-        target.set(database="postgres"), poolclass=NullPool, isolation_level="AUTOCOMMIT",
+        target.set(database="postgres"),
+        poolclass=NullPool,
+        isolation_level="AUTOCOMMIT",
         connect_args={"connect_timeout": 5},
     )
     try:

@@ -70,12 +70,11 @@ def insert_new(
     return True
 
 
-def find_by_key(conn: Connection, saga_type: str, business_key: str) -> Row[Any] | None:
+def find_by_key(conn: Connection, saga_type: str, business_key: str) -> Any:
+    """``(saga_id, status, payload_hash)`` of the saga with this key, or None."""
     stmt = select(
         saga_instance.c.saga_id, saga_instance.c.status, saga_instance.c.payload_hash
-    ).where(
-        saga_instance.c.saga_type == saga_type, saga_instance.c.business_key == business_key
-    )
+    ).where(saga_instance.c.saga_type == saga_type, saga_instance.c.business_key == business_key)
     return conn.execute(stmt).first()
 
 

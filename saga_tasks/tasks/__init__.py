@@ -59,7 +59,10 @@ def build_celery(saga_app: SagaApp) -> Celery:
             "saga-outbox-recovery": {
                 "task": RELAY_TASK,
                 "schedule": settings.relay_interval,
-                "options": {"expires": max(settings.relay_interval * 2, 1.0), "queue": MAINTENANCE_QUEUE},
+                "options": {
+                    "expires": max(settings.relay_interval * 2, 1.0),
+                    "queue": MAINTENANCE_QUEUE,
+                },
             },
         },
     )

@@ -24,7 +24,7 @@ from saga_tasks.errors import ServiceUnavailable
 log = logging.getLogger("saga_tasks.consumer")
 
 
-class SagaConsumer(Consumer):  # type: ignore[misc]
+class SagaConsumer(Consumer):
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         handler = super().create_task_handler(*args, **kwargs)
 
@@ -72,9 +72,13 @@ class SagaConsumer(Consumer):  # type: ignore[misc]
             )
         except ServiceUnavailable:
             log.exception("invalid message could not be recorded; dead-lettering it instead")
-            message.reject_log_error(log, self.connection_errors, requeue=False)
+            message.reject_log_error(log, self._connection_errors(), requeue=False)
             return
-        message.ack_log_error(log, self.connection_errors)
+        message.ack_log_error(log, self._connection_errors())
+
+    def _connection_errors(self) -> tuple[type[BaseException], ...]:
+        errors: tuple[type[BaseException], ...] = getattr(self, "connection_errors", ())
+        return errors
 
 
 def _short(exc: BaseException) -> str:

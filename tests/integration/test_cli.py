@@ -1,0 +1,125 @@
+"""The ``saga-tasks`` command as a user runs it: JSON shapes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.helpers import ORDER
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "saga_tasks.ops.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def env(order_app, isolation):
+    return isolation.env(SAGA_TASKS_APP="participants.app:saga_app")
+
+
+def test_start_show_list_json_shapes(env):
+    started = cli(
+        "start", "order", "--key", "cli-1", "--payload", json.dumps(ORDER), "--json", env=env
+    )
+    assert started.returncode == 0, started.stderr
+    handle = json.loads(started.stdout)
+    assert set(handle) == {"saga_id", "saga_type", "business_key", "status", "created"}
+    assert handle["created"] is True
+
+    again = cli(
+        "start", "order", "--key", "cli-1", "--payload", json.dumps(ORDER), "--json", env=env
+    )
+    assert json.loads(again.stdout)["saga_id"] == handle["saga_id"]
+    assert json.loads(again.stdout)["created"] is False
+
+    shown = cli("show", handle["saga_id"], "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert {
+        "saga_id", "saga_type", "business_key", "status", "status_reason", "version",
+        "definition_version", "created_at", "updated_at", "finished_at", "deadline", "steps", "history",
+    } == set(view)  # fmt: skip
+    assert view["status"] == "RUNNING" and view["version"] == 1
+    assert [s["step"] for s in view["steps"]] == [
+        "create_order",
+        "reserve_stock",
+        "authorize_payment",
+        "confirm_order",
+    ]
+    assert set(view["steps"][0]) == {
+        "step", "status", "attempt", "compensation_attempt", "requested_at", "finished_at", "last_error",
+    }  # fmt: skip
+    assert view["steps"][0]["status"] == "REQUESTED" and view["steps"][0]["attempt"] == 1
+    assert [h["event"] for h in view["history"]] == ["saga_started", "step_requested"]
+    assert set(view["history"][0]) == {
+        "at", "event", "step", "status_before", "status_after", "step_status_before",
+        "step_status_after", "message_id", "causation_id", "actor", "reason",
+    }  # fmt: skip
+
+    listed = json.loads(
+        cli("list", "--status", "running", "--type", "order", "--json", env=env).stdout
+    )
+    assert listed["count"] == 1 and listed["sagas"][0]["saga_id"] == handle["saga_id"]
+    assert json.loads(cli("list", "--status", "COMPLETED", "--json", env=env).stdout)["count"] == 0
+
+    text = cli("show", handle["saga_id"], env=env)
+    assert "create_order" in text.stdout and "REQUESTED" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("start", "order", "--key", "k", "--payload", "{oops"), "--payload is not valid JSON"),
+        (("start", "refund", "--key", "k", "--payload", "{}"), "unknown saga type 'refund'"),
+        (("start", "order", "--key", "k", "--payload", '{"items": []}'), "customer_id"),
+        (("show", "not-a-uuid"), "is not a saga id"),
+        (("show", "00000000-0000-4000-8000-000000000000"), "no saga"),
+        (("list", "--status", "DONE"), "unknown status 'DONE'"),
+        (("list", "--type", "refund"), "unknown saga type"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(env, args, message):
+    result = cli(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "service"),
+    [
+        (
+            "SAGA_DATABASE_URL",
+            "postgresql+psycopg2://postgres:hunter2@127.0.0.1:5999/x",
+            "PostgreSQL",
+        ),
+        ("SAGA_BROKER_URL", "amqp://guest:hunter2@127.0.0.1:5999//", "RabbitMQ"),
+    ],
+)
+def test_unreachable_service_is_named_with_its_url_masked(env, variable, url, service):
+    result = cli(
+        "start", "order", "--key", "k", "--payload", json.dumps(ORDER), env={**env, variable: url}
+    )
+    assert result.returncode == 3
+    assert f"cannot reach {service} at" in result.stderr
+    assert "127.0.0.1:5999" in result.stderr
+    assert "hunter2" not in result.stderr and "***" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_names_redis_when_it_is_away(env):
+    result = cli("check", env={**env, "SAGA_RESULT_BACKEND": "redis://:pw@127.0.0.1:5999/0"})
+    assert result.returncode == 3
+    assert "cannot reach Redis at redis://:***@127.0.0.1:5999/0" in result.stderr
+    assert cli("check", env=env).returncode == 0

@@ -1,0 +1,203 @@
+"""Outbox recovery, migrations and topology declaration against the real services."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from kombu import Connection
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+
+from saga_tasks.delivery import relay
+from saga_tasks.errors import TopologyMismatch
+from saga_tasks.messaging.topology import Topology, declare_topology
+from saga_tasks.ops.services import current_revision, upgrade
+from saga_tasks.persistence.tables import saga_outbox
+from saga_tasks.testing import Isolation, queue_depths
+from tests.conftest import ADMIN_URL, PREFIX
+from tests.integration.helpers import ORDER, drain, scalar
+
+
+def _unpublish_and_age(engine, seconds: int = 60) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE saga.outbox SET published_at = NULL, "
+                "created_at = created_at - make_interval(secs => :s)"
+            ),
+            {"s": seconds},
+        )
+
+
+def test_recovery_publishes_what_publish_after_commit_missed(order_app, settings):
+    handle = order_app.start_saga("order", "r-1", ORDER)
+    drain(settings.broker_url, "orders.commands")
+    _unpublish_and_age(order_app.engine)
+    report = relay(order_app.engine, saga_outbox, order_app.publisher, min_age_seconds=1, batch=10)
+    assert (report.claimed, report.published, report.failed) == (1, 1, 0)
+    (message,) = drain(settings.broker_url, "orders.commands")
+    assert message["headers"]["saga_id"] == handle.saga_id
+    assert (
+        scalar(order_app.engine, "SELECT count(*) FROM saga.outbox WHERE published_at IS NULL") == 0
+    )
+    again = relay(order_app.engine, saga_outbox, order_app.publisher, min_age_seconds=1, batch=10)
+    assert again.claimed == 0
+
+
+def test_recovery_leaves_young_rows_to_their_own_transaction(order_app, settings):
+    order_app.start_saga("order", "r-2", ORDER)
+    drain(settings.broker_url, "orders.commands")
+    _unpublish_and_age(order_app.engine, seconds=0)
+    report = relay(order_app.engine, saga_outbox, order_app.publisher, min_age_seconds=30, batch=10)
+    assert report.claimed == 0
+
+
+def test_concurrent_recoveries_publish_each_row_once(order_app, settings):
+    for i in range(20):
+        order_app.start_saga("order", f"r-c{i}", ORDER)
+    drain(settings.broker_url, "orders.commands")
+    _unpublish_and_age(order_app.engine)
+    reports = []
+    barrier = threading.Barrier(3)
+
+    def run() -> None:
+        barrier.wait()
+        reports.append(
+            relay(order_app.engine, saga_outbox, order_app.publisher, min_age_seconds=1, batch=7)
+        )
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.published for r in reports) <= 20
+    while relay(
+        order_app.engine, saga_outbox, order_app.publisher, min_age_seconds=1, batch=7
+    ).claimed:
+        pass
+    messages = drain(settings.broker_url, "orders.commands")
+    assert len(messages) == 20
+    assert len({m["headers"]["id"] for m in messages}) == 20
+
+
+def test_recovery_with_the_broker_away_keeps_the_rows(order_app, settings):
+    from dataclasses import replace
+
+    from saga_tasks import SagaApp
+
+    order_app.start_saga("order", "r-3", ORDER)
+    drain(settings.broker_url, "orders.commands")
+    _unpublish_and_age(order_app.engine)
+    away = SagaApp(
+        sagas=list(order_app.registry),
+        settings=replace(
+            settings, broker_url="amqp://guest:guest@127.0.0.1:5999//", publish_timeout=1.0
+        ),
+    )
+    report = relay(away.engine, saga_outbox, away.publisher, min_age_seconds=1, batch=10)
+    assert (report.published, report.failed) == (0, 1)
+    # One attempt that worked (publish after commit), one that failed (recovery).
+    assert scalar(order_app.engine, "SELECT publish_attempts FROM saga.outbox") == 2
+    assert (
+        scalar(order_app.engine, "SELECT count(*) FROM saga.outbox WHERE published_at IS NULL") == 1
+    )
+    report = relay(order_app.engine, saga_outbox, order_app.publisher, min_age_seconds=1, batch=10)
+    assert report.published == 1
+    assert len(drain(settings.broker_url, "orders.commands")) == 1
+
+
+def test_migrations_from_empty_twice_and_concurrently(template_database):
+    with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX) as iso:
+        url = iso.database_url
+        # Three deploy jobs at once, as separate processes (Alembic is not thread-safe).
+        env = {**os.environ, **iso.env()}
+        jobs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "saga_tasks.ops.cli", "db", "upgrade"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        outputs = [job.communicate(timeout=120)[0] for job in jobs]
+        assert [job.returncode for job in jobs] == [0, 0, 0], outputs
+        assert all("schema at revision 0001" in out for out in outputs)
+        assert upgrade(url) == "0001"
+        assert current_revision(url) == "0001"
+        engine = create_engine(url, poolclass=NullPool)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM saga.alembic_version")).scalar() == 1
+            tables = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_tables WHERE schemaname IN ('saga','orders','inventory','payments')"
+                )
+            ).scalar()
+        engine.dispose()
+        from participants.app import saga_app
+        from saga_tasks.persistence.tables import metadata
+
+        declared = len(metadata.tables) + sum(
+            len(p.metadata.tables) for p in saga_app.participants.values()
+        )
+        assert tables == declared + 1  # and Alembic's version table
+
+
+def test_migrated_schema_matches_the_declared_tables(isolation):
+    from participants import inventory, orders, payments
+    from saga_tasks.persistence.tables import metadata
+
+    engine = create_engine(isolation.database_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "include_schemas": True,
+                "include_name": lambda name, type_, _p: (
+                    type_ != "schema" or name in {"saga", "orders", "inventory", "payments"}
+                ),
+                "compare_type": True,
+            },
+        )
+        metas = [
+            metadata,
+            orders.participant.metadata,
+            inventory.participant.metadata,
+            payments.participant.metadata,
+        ]
+        diffs = [d for m in metas for d in compare_metadata(context, m)]
+    engine.dispose()
+    # compare_metadata reports every table of the other metadatas as "removed": keep real diffs.
+    declared = {(t.schema, t.name) for m in metas for t in m.tables.values()}
+    real = [
+        d
+        for d in diffs
+        if not (d[0] == "remove_table" and (d[1].schema, d[1].name) in declared)
+        and not (d[0] == "remove_index" and (d[1].table.schema, d[1].table.name) in declared)
+        and not (d[0] == "remove_table" and d[1].name == "alembic_version")
+    ]
+    assert real == []
+
+
+def test_topology_declares_twice_and_names_a_mismatch(isolation):
+    topology = Topology(command_queues=("inventory.commands",))
+    first = declare_topology(isolation.broker_url, topology)
+    assert declare_topology(isolation.broker_url, topology) == first
+    assert queue_depths(isolation.broker_url, ["saga.dead_letter"]) == {"saga.dead_letter": 0}
+    with Connection(isolation.broker_url) as conn:
+        channel = conn.channel()
+        channel.queue_declare("orders.commands", durable=True, arguments={"x-message-ttl": 5})
+        channel.close()
+    mismatched = Topology(command_queues=("orders.commands",))
+    with pytest.raises(
+        TopologyMismatch, match=r"queue 'orders.commands' exists on the broker with other arguments"
+    ):
+        declare_topology(isolation.broker_url, mismatched)

@@ -1,0 +1,86 @@
+"""Settings from the environment, masked URLs, and the topology's names and arguments."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from saga_tasks.config import Settings, mask_url
+from saga_tasks.errors import ConfigurationError
+from saga_tasks.messaging.topology import (
+    DEAD_LETTER_QUEUE,
+    PARKING_QUEUE,
+    REPLY_QUEUE,
+    Topology,
+    command_routing_key,
+    retry_queue,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_settings_read_from_env_with_types():
+    s = Settings.from_env(
+        {"SAGA_RELAY_INTERVAL": "0.5", "SAGA_TASKS_DEMO_FAULTS": "1", "SAGA_DB_POOL_SIZE": "3"}
+    )
+    assert (s.relay_interval, s.demo_faults, s.db_pool_size) == (0.5, True, 3)
+    assert Settings.from_env({}).demo_faults is False
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SAGA_RELAY_INTERVAL": "soon"}, "not a valid float"),
+        ({"SAGA_TASKS_DEMO_FAULTS": "perhaps"}, "not a valid bool"),
+        ({"SAGA_QUEUE_TYPE": "stream"}, "classic' or 'quorum"),
+        ({"SAGA_LOG_FORMAT": "xml"}, "text' or 'json"),
+        ({"SAGA_RELAY_MIN_AGE": "0"}, "must be positive"),
+    ],
+)
+def test_bad_settings_are_named(env, message):
+    with pytest.raises(ConfigurationError, match=message):
+        Settings.from_env(env)
+
+
+def test_mask_url_hides_only_the_password():
+    assert mask_url("amqp://guest:secret@host:5672/v") == "amqp://guest:***@host:5672/v"
+    assert mask_url("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_readme_documents_every_setting():
+    readme = (ROOT / "README.md").read_text()
+    for variable, _default, _doc in Settings.documented():
+        assert variable in readme, f"{variable} missing from the README configuration table"
+
+
+def test_topology_names_and_arguments():
+    t = Topology(command_queues=("inventory.commands",))
+    work = t.queue("inventory.commands")
+    assert work.queue_arguments == {"x-queue-type": "classic", "x-dead-letter-exchange": "saga.dlx"}
+    retry = t.queue(retry_queue("inventory.commands", 10))
+    assert retry.queue_arguments["x-message-ttl"] == 10_000
+    assert retry.queue_arguments["x-dead-letter-exchange"] == ""
+    assert retry.queue_arguments["x-dead-letter-routing-key"] == "inventory.commands"
+    assert t.queue(DEAD_LETTER_QUEUE).queue_arguments["x-queue-mode"] == "lazy"
+    assert {q.name for q in t.work_queues()} == {
+        "inventory.commands",
+        REPLY_QUEUE,
+        "saga.maintenance",
+    }
+    assert PARKING_QUEUE in {q.name for q in t.all_queues()}
+    assert (
+        command_routing_key("inventory.commands", "inventory.reserve")
+        == "command.inventory.reserve.v1"
+    )
+    assert re.fullmatch(r"command\.inventory\.#", work.routing_key)
+
+
+def test_quorum_topology_bounds_deliveries():
+    t = Topology(command_queues=("a.commands",), queue_type="quorum")
+    args = t.queue("a.commands").queue_arguments
+    assert args["x-queue-type"] == "quorum"
+    assert args["x-delivery-limit"] >= 1
+    assert args["x-dead-letter-strategy"] == "at-least-once"
+    assert "x-queue-mode" not in t.queue(DEAD_LETTER_QUEUE).queue_arguments
