@@ -51,11 +51,12 @@ def record(
     *,
     consumer: str,
     reason: str,
-    queue: str | None,
     task_name: str | None,
     message_id: str | None,
     headers: Mapping[str, Any] | None,
     body: Any,
+    queue: str | None = None,
+    routing_key: str | None = None,
 ) -> None:
     """Write the record in its own transaction; log loudly if even that fails."""
     headers_kept = safe_headers(headers)
@@ -75,6 +76,7 @@ def record(
                 consumer=consumer,
                 reason=reason,
                 queue=queue,
+                routing_key=routing_key,
                 task_name=task_name,
                 message_id=message_id,
                 saga_id=str(saga_id) if saga_id else None,

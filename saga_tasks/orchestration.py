@@ -36,7 +36,7 @@ from saga_tasks.errors import (
 from saga_tasks.events import Started
 from saga_tasks.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.messaging.publisher import Publisher
-from saga_tasks.messaging.topology import Topology
+from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
 from saga_tasks.model import SagaState
 from saga_tasks.persistence import inbox, outbox, sagas
 from saga_tasks.persistence.db import translated
@@ -221,7 +221,7 @@ class Orchestrator:
         headers: Mapping[str, Any] | None,
         body: Any,
         *,
-        queue: str | None = None,
+        routing_key: str | None = None,
     ) -> Classification:
         """Apply one reply; every outcome is written down, none raises for bad input."""
         from saga_tasks import invalid
@@ -233,7 +233,8 @@ class Orchestrator:
                 self.engine,
                 consumer=ORCHESTRATOR,
                 reason=exc.reason,
-                queue=queue,
+                queue=REPLY_QUEUE,
+                routing_key=routing_key,
                 task_name="saga_tasks.reply",
                 message_id=message_id,
                 headers=headers,
@@ -278,7 +279,8 @@ class Orchestrator:
                 self.engine,
                 consumer=ORCHESTRATOR,
                 reason=reason,
-                queue=queue,
+                queue=REPLY_QUEUE,
+                routing_key=routing_key,
                 task_name="saga_tasks.reply",
                 message_id=message_id,
                 headers=headers,

@@ -206,7 +206,7 @@ def queue_depths(broker_url: str, queues: Sequence[str]) -> dict[str, int]:
     depths: dict[str, int] = {}
     with Connection(broker_url) as conn:
         for name in queues:
-            channel = conn.channel()
+            channel: Any = conn.channel()
             try:
                 _, count, _ = channel.queue_declare(queue=name, passive=True)
                 depths[name] = int(count)
@@ -372,10 +372,8 @@ class WorkerProcess:
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

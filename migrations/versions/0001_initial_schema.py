@@ -49,6 +49,7 @@ def upgrade() -> None:
         ),
         sa.Column("consumer", sa.Text(), nullable=False),
         sa.Column("queue", sa.Text(), nullable=True),
+        sa.Column("routing_key", sa.Text(), nullable=True),
         sa.Column("task_name", sa.Text(), nullable=True),
         sa.Column("message_id", sa.Text(), nullable=True),
         sa.Column("saga_id", sa.Text(), nullable=True),

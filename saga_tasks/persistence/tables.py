@@ -171,6 +171,7 @@ invalid_message = Table(
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("consumer", Text, nullable=False),
     Column("queue", Text),
+    Column("routing_key", Text),
     Column("task_name", Text),
     Column("message_id", Text),
     Column("saga_id", Text),

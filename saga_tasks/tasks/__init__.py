@@ -86,7 +86,7 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
                 self.request.id,
                 self.request.headers,
                 body,
-                queue=(self.request.delivery_info or {}).get("routing_key"),
+                routing_key=(self.request.delivery_info or {}).get("routing_key"),
             )
         return outcome.value
 

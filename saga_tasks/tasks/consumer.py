@@ -62,9 +62,9 @@ class SagaConsumer(Consumer):
                 raise ServiceUnavailable("saga app", "-", "worker has no saga app attached")
             invalid.record(
                 saga_app.engine,
-                consumer=f"worker:{delivery.get('routing_key') or '?'}",
+                consumer=f"worker {getattr(self, 'hostname', '?')}",
                 reason=reason,
-                queue=delivery.get("routing_key"),
+                routing_key=delivery.get("routing_key"),
                 task_name=str(headers.get("task"))[:200] if headers.get("task") else None,
                 message_id=str(headers.get("id"))[:200] if headers.get("id") else None,
                 headers=headers,

@@ -66,7 +66,7 @@ def run_reply(app: Any, message: dict[str, Any]) -> Any:
 def pump(app: Any, broker_url: str, *, rounds: int = 50) -> list[str]:
     """Move messages through real queues in this process until none are left."""
     seen: list[str] = []
-    queues = [q for q in app.topology.command_queues]
+    queues = list(app.topology.command_queues)
     for _ in range(rounds):
         moved = False
         for queue in queues:
