@@ -29,7 +29,7 @@ class Settings:
 
     database_url: str = _env(
         "SAGA_DATABASE_URL",
-        "postgresql+psycopg2://postgres@127.0.0.1:5432/saga_tasks",
+        "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/saga_tasks",
         "PostgreSQL holding sagas, outboxes, inboxes and ledgers.",
     )
     broker_url: str = _env(

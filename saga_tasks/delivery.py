@@ -71,7 +71,7 @@ def relay(
         if not rows:
             return RelayReport(name, 0, 0, 0)
         result = publisher.publish(rows)
-        outbox.mark_published(conn, table, result.published)
+        outbox.mark_published(conn, table, result.published, recovered=True)
         outbox.count_failed_attempt(conn, table, result.failed)
     metrics.OUTBOX_RECOVERED.labels(outbox=name).inc(len(result.published))
     if result.failed:

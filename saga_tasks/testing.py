@@ -11,17 +11,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -30,12 +25,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.clock import FakeClock
+from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
 from saga_tasks.states import SagaStatus
 
 T = TypeVar("T")
 
 __all__ = [
     "FakeClock",
+    "TimedOut",
     "Isolation",
     "RabbitAdmin",
     "WorkerProcess",
@@ -44,29 +41,6 @@ __all__ = [
     "wait_for",
     "wait_for_status",
 ]
-
-
-class TimedOut(AssertionError):
-    """A condition awaited by ``wait_for`` did not come true in time."""
-
-
-def wait_for(
-    condition: Callable[[], T | None],
-    *,
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    describe: str | Callable[[], str] = "condition",
-) -> T:
-    """Poll ``condition`` until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            what = describe() if callable(describe) else describe
-            raise TimedOut(f"{what} not reached within {timeout:.1f}s")
-        time.sleep(interval)
 
 
 def wait_for_status(
@@ -219,7 +193,7 @@ def queue_depths(broker_url: str, queues: Sequence[str]) -> dict[str, int]:
 class Isolation:
     """A vhost and a database of one's own for one test run, and the URLs to reach them."""
 
-    admin_database_url: str = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+    admin_database_url: str = "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres"
     broker_host: str = "guest:guest@127.0.0.1:5672"
     prefix: str = "saga_test_"
     template: str | None = None
@@ -258,133 +232,3 @@ class Isolation:
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a subprocess that should use this isolation."""
         return {"SAGA_DATABASE_URL": self.database_url, "SAGA_BROKER_URL": self.broker_url, **extra}
-
-
-# -- worker processes ----------------------------------------------------------------------
-
-
-class WorkerProcess:
-    """One ``celery worker`` or ``celery beat`` process in a process group of its own."""
-
-    def __init__(
-        self,
-        app: str,
-        *,
-        queues: Sequence[str] = (),
-        name: str = "worker",
-        pool: str = "solo",
-        concurrency: int = 1,
-        env: Mapping[str, str] | None = None,
-        log_dir: Path,
-        beat: bool = False,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.app = app
-        self.queues = tuple(queues)
-        self.name = name
-        self.pool = pool
-        self.concurrency = concurrency
-        self.env = {**os.environ, **(env or {})}
-        self.log_path = log_dir / f"{name}.log"
-        self.beat = beat
-        self.extra_args = tuple(extra_args)
-        self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        log_dir.mkdir(parents=True, exist_ok=True)
-
-    def command(self) -> list[str]:
-        celery = [sys.executable, "-m", "celery", "-A", self.app]
-        if self.beat:
-            schedule = self.log_path.with_suffix(".schedule")
-            return [*celery, "beat", "--loglevel", "INFO", "-s", str(schedule), *self.extra_args]
-        return [
-            *celery,
-            "worker",
-            "-Q",
-            ",".join(self.queues),
-            "-n",
-            # A fresh node name per start: a killed node's exclusive queues may linger.
-            f"{self.name}-{self.starts}@%h",
-            "-P",
-            self.pool,
-            "-c",
-            str(self.concurrency),
-            "--loglevel",
-            "INFO",
-            "--without-mingle",
-            "--without-gossip",
-            *self.extra_args,
-        ]
-
-    def start(self, *, wait: bool = True, timeout: float = 60.0) -> WorkerProcess:
-        if self.process is not None and self.process.poll() is None:
-            raise RuntimeError(f"{self.name} is already running")
-        self.starts += 1
-        with self.log_path.open("ab") as log:
-            log.write(f"\n=== start {self.starts} ===\n".encode())
-        marker_offset = self.log_path.stat().st_size
-        log_file = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            start_new_session=True,
-        )
-        log_file.close()
-        if wait:
-            ready = "beat: Starting" if self.beat else " ready."
-
-            def is_ready() -> bool:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
-                    )
-                with self.log_path.open("rb") as f:
-                    f.seek(marker_offset)
-                    return ready.encode() in f.read()
-
-            wait_for(is_ready, timeout=timeout, interval=0.1, describe=f"{self.name} ready")
-        return self
-
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise RuntimeError(f"{self.name} is not started")
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the whole process group (the worker and its pool children)."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-        if sig == signal.SIGKILL:
-            self.process.wait(timeout=30)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """Warm shutdown (SIGTERM); SIGKILL whatever is left after ``timeout``."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            content = self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return ""
-        return "\n".join(content[-lines:])
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")

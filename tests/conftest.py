@@ -25,7 +25,7 @@ from saga_tasks.testing import (
 )
 
 ADMIN_URL = os.environ.get(
-    "SAGA_TEST_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+    "SAGA_TEST_ADMIN_URL", "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres"
 )
 RUN = uuid.uuid4().hex[:6]
 PREFIX = f"saga_t{RUN}_"
@@ -157,7 +157,7 @@ class Workers:
 
     def beat(self) -> WorkerProcess:
         worker = WorkerProcess(
-            "participants.app", name="beat", env=self.env(), log_dir=self.log_dir, beat=True
+            "participants.app", name="beat", env=self.env(), log_dir=self.log_dir, role="beat"
         )
         self.started.append(worker)
         return worker.start()

@@ -80,6 +80,7 @@ def upgrade() -> None:
         ),
         sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("publish_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("recovered", sa.Boolean(), server_default=sa.text("false"), nullable=False),
         sa.PrimaryKeyConstraint("message_id"),
         schema="saga",
     )
@@ -226,6 +227,7 @@ def upgrade() -> None:
         ),
         sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("publish_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("recovered", sa.Boolean(), server_default=sa.text("false"), nullable=False),
         sa.PrimaryKeyConstraint("message_id"),
         schema="orders",
     )
@@ -274,6 +276,7 @@ def upgrade() -> None:
         ),
         sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("publish_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("recovered", sa.Boolean(), server_default=sa.text("false"), nullable=False),
         sa.PrimaryKeyConstraint("message_id"),
         schema="inventory",
     )
@@ -365,6 +368,7 @@ def upgrade() -> None:
         ),
         sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("publish_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("recovered", sa.Boolean(), server_default=sa.text("false"), nullable=False),
         sa.PrimaryKeyConstraint("message_id"),
         schema="payments",
     )

@@ -55,13 +55,18 @@ def claim_unpublished(
     return [to_message(row) for row in conn.execute(stmt)]
 
 
-def mark_published(conn: Connection, table: Table, message_ids: Sequence[str]) -> None:
+def mark_published(
+    conn: Connection, table: Table, message_ids: Sequence[str], *, recovered: bool = False
+) -> None:
+    """Record a publish; ``recovered`` marks rows that only recovery got out."""
     if message_ids:
-        conn.execute(
-            update(table)
-            .where(table.c.message_id.in_(message_ids))
-            .values(published_at=func.now(), publish_attempts=table.c.publish_attempts + 1)
-        )
+        values: dict[str, Any] = {
+            "published_at": func.now(),
+            "publish_attempts": table.c.publish_attempts + 1,
+        }
+        if recovered:
+            values["recovered"] = True
+        conn.execute(update(table).where(table.c.message_id.in_(message_ids)).values(**values))
 
 
 def count_failed_attempt(conn: Connection, table: Table, message_ids: Sequence[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Identity,
@@ -118,6 +119,7 @@ def outbox_table(schema: str, meta: MetaData = metadata) -> Table:
         Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
         Column("published_at", DateTime(timezone=True)),
         Column("publish_attempts", Integer, nullable=False, server_default=text("0")),
+        Column("recovered", Boolean, nullable=False, server_default=text("false")),
         Index(
             f"ix_{schema}_outbox_unpublished",
             "created_at",

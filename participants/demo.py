@@ -1,0 +1,428 @@
+"""The demo: real workers, beat and Flower, and a stream of order sagas through every path.
+
+    python -m participants.demo [--sagas 250] [--rate 50] [--exit | --keep] [--stop]
+
+Starts the orchestrator, one worker per participant queue, beat and Flower; seeds
+stock and customers; starts the sagas at a steady rate with a known mix of paths
+(completed, out of stock, unknown SKU, declined, duplicate start, duplicate reply,
+slow participant, participant crash after commit); restarts any worker that dies;
+prints progress, then a summary that checks every saga ended as its path expects.
+It stops everything it started on Ctrl-C, at the end with ``--exit``, or, for a
+demo left running elsewhere, with ``--stop``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from saga_tasks.config import Settings, mask_url
+from saga_tasks.errors import SagaTasksError
+from saga_tasks.ops.processes import WorkerProcess, wait_for
+from saga_tasks.states import TERMINAL_SAGA, SagaStatus
+
+STATE_DIR = Path(".demo")
+PIDS = STATE_DIR / "pids.json"
+
+
+@dataclass(frozen=True)
+class DemoPath:
+    name: str
+    weight: int
+    expected: SagaStatus
+
+
+PATHS = (
+    DemoPath("completed", 69, SagaStatus.COMPLETED),
+    DemoPath("out_of_stock", 8, SagaStatus.COMPENSATED),
+    DemoPath("unknown_sku", 4, SagaStatus.COMPENSATED),
+    DemoPath("payment_declined", 8, SagaStatus.COMPENSATED),
+    DemoPath("duplicate_start", 4, SagaStatus.COMPLETED),
+    DemoPath("duplicate_reply", 3, SagaStatus.COMPLETED),
+    DemoPath("slow_participant", 3, SagaStatus.COMPLETED),
+    DemoPath("crash_after_commit", 1, SagaStatus.COMPLETED),
+)
+
+
+def payload_for(path: str, rng: random.Random) -> dict[str, Any]:
+    items = [
+        {"sku": f"sku-{rng.randint(1, 10)}", "qty": rng.randint(1, 3)}
+        for _ in range(rng.randint(1, 3))
+    ]
+    payload: dict[str, Any] = {
+        "customer_id": f"c-{rng.randint(1, 20)}",
+        "items": items,
+        "amount_cents": rng.randint(500, 20_000),
+    }
+    if path == "out_of_stock":
+        payload["items"] = [{"sku": "sku-empty", "qty": 1}]
+    elif path == "unknown_sku":
+        payload["items"] = [*items, {"sku": "sku-ghost", "qty": 1}]
+    elif path == "payment_declined":
+        payload["customer_id"], payload["amount_cents"] = "c-low", 5_000
+    elif path == "duplicate_reply":
+        payload["demo_faults"] = {"inventory.reserve": "duplicate_reply"}
+    elif path == "slow_participant":
+        payload["demo_faults"] = {"payments.authorize": "slow:1"}
+    elif path == "crash_after_commit":
+        payload["demo_faults"] = {"inventory.reserve": "crash_after_commit"}
+    return payload
+
+
+class Supervisor:
+    """Starts the demo's processes, restarts those that die, stops them all at the end."""
+
+    def __init__(
+        self, env: dict[str, str], log_dir: Path, flower_port: int, flower_address: str
+    ) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.processes: list[WorkerProcess] = []
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
+        app = "participants.app"
+        # Two inventory workers on one queue: when the crash fault kills one,
+        # the other keeps the queue moving and gets the dead one's unacked messages.
+        queues = {
+            "orchestrator": (["saga.replies", "saga.maintenance"], "prefork", 2),
+            "orders": (["orders.commands"], "solo", 1),
+            "inventory-a": (["inventory.commands"], "solo", 1),
+            "inventory-b": (["inventory.commands"], "solo", 1),
+            "payments": (["payments.commands"], "prefork", 2),
+        }
+        for name, (qs, pool, concurrency) in queues.items():
+            self.processes.append(
+                WorkerProcess(
+                    app,
+                    queues=qs,
+                    name=name,
+                    pool=pool,
+                    concurrency=concurrency,
+                    env=env,
+                    log_dir=log_dir,
+                    extra_args=("-E",),
+                )
+            )
+        self.processes.append(
+            WorkerProcess(app, name="beat", env=env, log_dir=log_dir, role="beat")
+        )
+        flower_args = [f"--port={flower_port}", f"--address={flower_address}"]
+        if _management_api():
+            flower_args.append("--broker_api=http://guest:guest@127.0.0.1:15672/api/")
+        self.processes.append(
+            WorkerProcess(
+                app, name="flower", env=env, log_dir=log_dir, role="flower", extra_args=flower_args
+            )
+        )
+
+    def start(self) -> None:
+        for process in self.processes:
+            process.start(wait=False)
+        self._save_pids()
+        for process in self.processes:
+            wait_for(
+                lambda p=process: _ready(p),  # type: ignore[misc]
+                timeout=90,
+                interval=0.2,
+                describe=f"{process.name} to start (log: {process.log_path})",
+            )
+        self._watch = threading.Thread(target=self._supervise, daemon=True)
+        self._watch.start()
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(0.5):
+            for process in self.processes:
+                if not process.alive() and not self._stop.is_set():
+                    self.restarts += 1
+                    print(
+                        f"\n  {process.name} died (exit {_code(process)}); restarting it",
+                        flush=True,
+                    )
+                    process.start(wait=False)
+                    self._save_pids()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5)
+        for process in reversed(self.processes):
+            process.stop(timeout=15)
+        with contextlib.suppress(FileNotFoundError):
+            PIDS.unlink()
+
+    def _save_pids(self) -> None:
+        STATE_DIR.mkdir(exist_ok=True)
+        PIDS.write_text(
+            json.dumps({p.name: p.pid for p in self.processes if p.process is not None})
+        )
+
+
+def _ready(process: WorkerProcess) -> bool:
+    if not process.alive():
+        raise RuntimeError(f"{process.name} exited during start-up:\n{process.tail()}")
+    marker = {"worker": " ready.", "beat": "beat: Starting", "flower": "Visit me at"}[process.role]
+    return marker in process.log_text()
+
+
+def _code(process: WorkerProcess) -> str:
+    return str(process.process.returncode) if process.process is not None else "?"
+
+
+def _management_api() -> bool:
+    from saga_tasks.testing import RabbitAdmin
+
+    return RabbitAdmin().available()
+
+
+def stop_previous() -> int:
+    """``--stop``: end the process groups a demo left running."""
+    if not PIDS.exists():
+        print("no demo is running (no .demo/pids.json)")
+        return 0
+    for name, pid in json.loads(PIDS.read_text()).items():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+            print(f"stopped {name} (pid {pid})")
+    PIDS.unlink()
+    return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@contextlib.contextmanager
+def progress_line() -> Iterator[Any]:
+    interactive = sys.stdout.isatty()
+    last = [0.0]
+
+    def show(message: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if interactive:
+            print(f"\r  {message}\033[K", end="", flush=True)
+        elif force or now - last[0] >= 2:
+            print(f"  {message}", flush=True)
+            last[0] = now
+
+    yield show
+    if interactive:
+        print()
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("SAGA_TASKS_DEMO_FAULTS", "1")
+    os.environ.setdefault("SAGA_RELAY_MIN_AGE", "2")
+    os.environ.setdefault("SAGA_RELAY_INTERVAL", "1")
+    settings = Settings.from_env()
+    from participants.app import saga_app
+    from participants.seed import seed
+
+    env = {**os.environ, "SAGA_TASKS_APP": "participants.app:saga_app"}
+    print(f"PostgreSQL {mask_url(settings.database_url)}")
+    print(f"RabbitMQ   {mask_url(settings.broker_url)}")
+    log_dir = STATE_DIR / "logs"
+    supervisor = Supervisor(env, log_dir, args.flower_port, args.flower_address)
+    print("starting orchestrator, orders, inventory and payments workers, beat and Flower ...")
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        supervisor.start()
+        print(f"all started; logs in {log_dir}/")
+        with saga_app.engine.begin() as conn:
+            conn.execute(text("TRUNCATE inventory.reservation, payments.authorization"))
+        seed(saga_app.engine)
+        ok = stream(saga_app, args, supervisor)
+        flower = f"http://{args.flower_address}:{args.flower_port}"
+        print(
+            f"\nFlower: {flower}  (workers, tasks; the broker tab reads RabbitMQ's management API)"
+        )
+        print("Sagas:  saga-tasks list   |   saga-tasks show <saga_id>")
+        keep = args.keep or (sys.stdin.isatty() and not args.exit)
+        if keep:
+            print("Everything keeps running; press Ctrl-C to stop it.")
+            while True:
+                time.sleep(3600)
+        return 0 if ok else 1
+    except KeyboardInterrupt:
+        print("\nstopping ...")
+        return 130
+    finally:
+        supervisor.stop()
+        print("stopped every process the demo started")
+
+
+def stream(app: Any, args: argparse.Namespace, supervisor: Supervisor) -> bool:
+    rng = random.Random(args.seed)  # noqa: S311 - a reproducible demo mix, not a secret
+    weights = [p.weight for p in PATHS]
+    run_id = time.strftime("%Y%m%d%H%M%S")
+    planned: dict[str, DemoPath] = {}
+    duplicates_refused = 0
+    interval = 1.0 / args.rate
+    started_at = time.monotonic()
+    print(f"starting {args.sagas} order sagas at {args.rate}/s ...")
+    with progress_line() as show:
+        for i in range(args.sagas):
+            path = rng.choices(PATHS, weights)[0]
+            key = f"demo-{run_id}-{i:05d}"
+            payload = payload_for(path.name, rng)
+            handle = app.start_saga("order", key, payload)
+            planned[handle.saga_id] = path
+            if path.name == "duplicate_start":
+                again = app.start_saga("order", key, payload)
+                duplicates_refused += again.saga_id == handle.saga_id and not again.created
+            delay = started_at + (i + 1) * interval - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if i % 10 == 0:
+                show(f"started {i + 1}/{args.sagas}  {_counts_text(app, planned)}")
+        deadline = time.monotonic() + args.timeout
+        while True:
+            counts = _status_counts(app, planned)
+            show(f"started {args.sagas}/{args.sagas}  {_counts_text(app, planned, counts)}")
+            if sum(counts.get(s, 0) for s in (*TERMINAL_SAGA, SagaStatus.MANUAL_REVIEW)) == len(
+                planned
+            ):
+                break
+            if time.monotonic() > deadline:
+                show("timed out waiting for the sagas to end", force=True)
+                break
+            time.sleep(0.5)
+    return summary(app, planned, duplicates_refused, supervisor)
+
+
+def _status_counts(app: Any, planned: dict[str, DemoPath]) -> Counter[SagaStatus]:
+    with app.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT status, count(*) FROM saga.saga_instance "
+                "WHERE saga_id = ANY(CAST(:ids AS uuid[])) GROUP BY status"
+            ),
+            {"ids": list(planned)},
+        )
+        return Counter({SagaStatus(r[0]): r[1] for r in rows})
+
+
+def _counts_text(
+    app: Any, planned: dict[str, DemoPath], counts: Counter[SagaStatus] | None = None
+) -> str:
+    counts = counts if counts is not None else _status_counts(app, planned)
+    return "  ".join(f"{s.value.lower()} {n}" for s, n in sorted(counts.items()))
+
+
+def summary(
+    app: Any, planned: dict[str, DemoPath], duplicates_refused: int, supervisor: Supervisor
+) -> bool:
+    with app.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT saga_id::text, status, extract(epoch FROM finished_at - created_at) * 1000 "
+                "FROM saga.saga_instance WHERE saga_id = ANY(CAST(:ids AS uuid[]))"
+            ),
+            {"ids": list(planned)},
+        ).all()
+        invalid = conn.execute(text("SELECT count(*) FROM saga.invalid_message")).scalar_one()
+        recovered = sum(
+            conn.execute(select(func.count()).where(table.c.recovered)).scalar_one()
+            for table in app.outbox_tables()
+        )
+    by_path: dict[str, Counter[str]] = {p.name: Counter() for p in PATHS}
+    mismatched = []
+    latencies = []
+    for saga_id, status, latency in rows:
+        path = planned[saga_id]
+        by_path[path.name][status] += 1
+        if status != path.expected.value:
+            mismatched.append((saga_id, path.name, status))
+        if latency is not None:
+            latencies.append(float(latency))
+    totals = Counter(status for _, status, _ in rows)
+    print(f"\n{'path':<20} {'sagas':>5}  {'expected':<12} got")
+    for p in PATHS:
+        got = ", ".join(f"{s} {n}" for s, n in sorted(by_path[p.name].items())) or "-"
+        print(f"{p.name:<20} {sum(by_path[p.name].values()):>5}  {p.expected.value:<12} {got}")
+    print("\nfinal status counts: " + ", ".join(f"{s} {n}" for s, n in sorted(totals.items())))
+    if latencies:
+        print(
+            f"completion latency (start to final status): p50 {percentile(latencies, 0.5):.0f} ms, "
+            f"p95 {percentile(latencies, 0.95):.0f} ms, max {max(latencies):.0f} ms"
+        )
+        plain = [
+            lat for (sid, _, lat) in rows if planned[sid].name == "completed" and lat is not None
+        ]
+        if plain:
+            print(
+                f"  of which the plain completed path: p50 {percentile(plain, 0.5):.0f} ms, "
+                f"p95 {percentile(plain, 0.95):.0f} ms"
+            )
+    print(
+        f"duplicate starts answered with the existing saga: {duplicates_refused}; "
+        f"invalid messages: {invalid}; outbox rows published by recovery: {recovered}; "
+        f"worker restarts after crashes: {supervisor.restarts}"
+    )
+    if mismatched:
+        print(f"\n{len(mismatched)} sagas did not end as their path expects:")
+        for saga_id, path_name, status in mismatched[:20]:
+            print(f"  {saga_id}  {path_name}: {status}")
+        return False
+    print(f"\nall {len(rows)} sagas ended as their path expects")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m participants.demo", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--sagas", type=int, default=250, help="sagas to start (default 250)")
+    parser.add_argument(
+        "--rate", type=float, default=50.0, help="sagas started per second (default 50)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds to wait for the sagas to end"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="seed of the random mix")
+    parser.add_argument("--flower-port", type=int, default=5555)
+    parser.add_argument("--flower-address", default="127.0.0.1")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--exit", action="store_true", help="stop everything after the summary")
+    group.add_argument(
+        "--keep", action="store_true", help="keep running after the summary until Ctrl-C"
+    )
+    group.add_argument(
+        "--stop", action="store_true", help="stop the processes of a demo left running"
+    )
+    args = parser.parse_args(argv)
+    if args.stop:
+        return stop_previous()
+    if args.sagas < 1 or args.rate <= 0:
+        parser.error("--sagas and --rate must be positive")
+    try:
+        return run(args)
+    except SagaTasksError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

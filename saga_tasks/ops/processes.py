@@ -1,0 +1,176 @@
+"""Supervising ``celery worker`` and ``celery beat`` processes (demo, chaos, tests).
+
+Each process runs in a process group of its own, so a signal reaches the worker
+and its pool children alike, as an OOM kill or a node failure would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class TimedOut(AssertionError):
+    """A condition awaited by ``wait_for`` did not come true in time."""
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    describe: str | Callable[[], str] = "condition",
+) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            what = describe() if callable(describe) else describe
+            raise TimedOut(f"{what} not reached within {timeout:.1f}s")
+        time.sleep(interval)
+
+
+_READY = {"worker": " ready.", "beat": "beat: Starting", "flower": "Visit me at"}
+
+
+class WorkerProcess:
+    """One ``celery worker``, ``beat`` or ``flower`` process in a process group of its own."""
+
+    def __init__(
+        self,
+        app: str,
+        *,
+        queues: Sequence[str] = (),
+        name: str = "worker",
+        pool: str = "solo",
+        concurrency: int = 1,
+        env: Mapping[str, str] | None = None,
+        log_dir: Path,
+        role: str = "worker",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if role not in _READY:
+            raise ValueError(f"role must be one of {sorted(_READY)}")
+        self.app = app
+        self.queues = tuple(queues)
+        self.name = name
+        self.pool = pool
+        self.concurrency = concurrency
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_dir / f"{name}.log"
+        self.role = role
+        self.extra_args = tuple(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def command(self) -> list[str]:
+        celery = [sys.executable, "-m", "celery", "-A", self.app]
+        if self.role == "beat":
+            schedule = self.log_path.with_suffix(".schedule")
+            return [*celery, "beat", "--loglevel", "INFO", "-s", str(schedule), *self.extra_args]
+        if self.role == "flower":
+            return [*celery, "flower", "--logging=info", *self.extra_args]
+        return [
+            *celery,
+            "worker",
+            "-Q",
+            ",".join(self.queues),
+            "-n",
+            # A fresh node name per start: a killed node's exclusive queues may linger.
+            f"{self.name}-{self.starts}@%h",
+            "-P",
+            self.pool,
+            "-c",
+            str(self.concurrency),
+            "--loglevel",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
+            *self.extra_args,
+        ]
+
+    def start(self, *, wait: bool = True, timeout: float = 60.0) -> WorkerProcess:
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"{self.name} is already running")
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== start {self.starts} ===\n".encode())
+        marker_offset = self.log_path.stat().st_size
+        log_file = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        log_file.close()
+        if wait:
+            ready = _READY[self.role]
+
+            def is_ready() -> bool:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
+                    )
+                with self.log_path.open("rb") as f:
+                    f.seek(marker_offset)
+                    return ready.encode() in f.read()
+
+            wait_for(is_ready, timeout=timeout, interval=0.1, describe=f"{self.name} ready")
+        return self
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (the worker and its pool children)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        if sig == signal.SIGKILL:
+            self.process.wait(timeout=30)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM); SIGKILL whatever is left after ``timeout``."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            content = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(content[-lines:])
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: services up, a venv with the dev extras, lint, types, tests.
+# Each test gets its own RabbitMQ vhost and PostgreSQL database; all are removed after.
+#
+#   ./scripts/test.sh                 everything
+#   ./scripts/test.sh tests/unit -x   pytest arguments are passed on (lint and types still run)
+set -euo pipefail
+source "$(dirname "$0")/services.sh"
+cd "$ROOT"
+
+ensure_services
+trap stop_started_services EXIT
+ensure_venv dev
+export SAGA_TEST_ADMIN_URL="${SAGA_TEST_ADMIN_URL:-postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres}"
+
+say "ruff"
+ruff check .
+ruff format --check .
+say "mypy"
+mypy
+say "pytest"
+python -m pytest "$@"

@@ -1,0 +1,113 @@
+"""Processes killed with SIGKILL at the worst moments; the sagas still finish, once."""
+
+from __future__ import annotations
+
+import signal
+
+from saga_tasks.states import TERMINAL_SAGA, SagaStatus
+from saga_tasks.testing import queue_depths, wait_for
+from tests.integration.helpers import ORDER, rows, scalar
+
+PARTICIPANT_QUEUES = ["orders.commands", "inventory.commands", "payments.commands"]
+
+
+def statuses(app) -> dict[str, int]:
+    found = rows(app.engine, "SELECT status, count(*) AS n FROM saga.saga_instance GROUP BY status")
+    return {r["status"]: r["n"] for r in found}
+
+
+def assert_each_effect_once(app, sagas: int) -> None:
+    engine = app.engine
+    assert scalar(engine, "SELECT count(*) FROM orders.orders WHERE status = 'CONFIRMED'") == sagas
+    assert (
+        scalar(engine, "SELECT count(*) FROM inventory.reservation WHERE status = 'RESERVED'")
+        == sagas
+    )
+    assert (
+        scalar(engine, "SELECT count(*) FROM payments.authorization WHERE status = 'AUTHORIZED'")
+        == sagas
+    )
+    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2 * sagas
+    # Each step's command ran once per saga: one ledger row per command id.
+    for schema, per_saga in (("orders", 2), ("inventory", 1), ("payments", 1)):
+        assert scalar(engine, f"SELECT count(*) FROM {schema}.command_ledger") == per_saga * sagas
+    successes = scalar(
+        engine, "SELECT count(*) FROM saga.saga_history WHERE event = 'step_succeeded'"
+    )
+    assert successes == 4 * sagas, "one transition per step, whatever was redelivered"
+
+
+def test_orchestrator_killed_mid_saga_and_restarted(order_app, workers):
+    sagas = 30
+    orchestrator = workers.orchestrator(pool="prefork", concurrency=2)
+    workers.participants()
+    payload = {**ORDER, "demo_faults": {"payments.authorize": "slow:0.1"}}
+    handles = [order_app.start_saga("order", f"k-{i}", payload) for i in range(sagas)]
+
+    def mid_flight() -> bool:
+        done = scalar(
+            order_app.engine, "SELECT count(*) FROM saga.saga_step WHERE status = 'SUCCEEDED'"
+        )
+        return done >= sagas  # about a quarter of all steps have succeeded
+
+    wait_for(mid_flight, timeout=60, describe="sagas half-way")
+    orchestrator.kill(signal.SIGKILL)
+    running = statuses(order_app).get("RUNNING", 0)
+    assert running > 0, "the orchestrator was killed after every saga had finished"
+
+    workers.orchestrator(pool="prefork", concurrency=2)
+    wait_for(
+        lambda: statuses(order_app) == {"COMPLETED": sagas},
+        timeout=120,
+        describe=lambda: f"every saga COMPLETED (now {statuses(order_app)})",
+    )
+    assert_each_effect_once(order_app, sagas)
+    assert {h.saga_id for h in handles} == {
+        r["saga_id"] for r in rows(order_app.engine, "SELECT saga_id::text FROM saga.saga_instance")
+    }
+
+
+def test_participant_killed_after_commit_reply_recovered_from_outbox(order_app, workers, settings):
+    workers.orchestrator()
+    workers.beat()
+    workers.start("orders", ["orders.commands"])
+    workers.start("payments", ["payments.commands"])
+    inventory = workers.start("inventory", ["inventory.commands"])
+    payload = {**ORDER, "demo_faults": {"inventory.reserve": "crash_after_commit"}}
+    handle = order_app.start_saga("order", "crash-1", payload)
+
+    wait_for(
+        lambda: not inventory.alive(), timeout=30, describe="the inventory worker to kill itself"
+    )
+    # Committed: the reservation and the reply in the outbox; published: nothing.
+    assert scalar(order_app.engine, "SELECT count(*) FROM inventory.reservation") == 1
+    state = wait_for(
+        lambda: (s := order_app.orchestrator.get(handle.saga_id)).status in TERMINAL_SAGA and s,
+        timeout=60,
+        describe="the saga to finish without the inventory worker",
+    )
+    assert state.status is SagaStatus.COMPLETED
+    assert not inventory.alive()
+    outbox = rows(order_app.engine, "SELECT published_at, recovered FROM inventory.outbox")
+    assert len(outbox) == 1 and outbox[0]["published_at"] is not None
+    assert outbox[0]["recovered"] is True, "published by recovery, not by the dead worker"
+    assert (
+        "outbox recovery published 1 of 1 rows from inventory.outbox"
+        in workers.started[0].log_text()
+    )
+
+    # The reserve command was never acked: a new inventory worker gets it again,
+    # finds it in the ledger, re-sends the stored reply and changes nothing.
+    workers.start("inventory", ["inventory.commands"])
+    wait_for(
+        lambda: (
+            queue_depths(settings.broker_url, ["inventory.commands"])["inventory.commands"] == 0
+            and scalar(
+                order_app.engine,
+                "SELECT count(*) FROM saga.saga_history WHERE event = 'duplicate_message'",
+            )
+        ),
+        timeout=30,
+        describe="the redelivered command to be answered from the ledger",
+    )
+    assert_each_effect_once(order_app, 1)
