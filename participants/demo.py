@@ -1,6 +1,6 @@
 """The demo: real workers, beat and Flower, and a stream of order sagas through every path.
 
-    python -m participants.demo [--sagas 250] [--rate 50] [--exit | --keep] [--stop]
+    python -m participants.demo [--sagas 250] [--rate 20] [--exit | --keep] [--stop]
 
 Starts the orchestrator, one worker per participant queue, beat and Flower; seeds
 stock and customers; starts the sagas at a steady rate with a known mix of paths
