@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sagas", type=int, default=250, help="sagas to start (default 250)")
     parser.add_argument(
-        "--rate", type=float, default=50.0, help="sagas started per second (default 50)"
+        "--rate", type=float, default=20.0, help="sagas started per second (default 20)"
     )
     parser.add_argument(
         "--timeout", type=float, default=180.0, help="seconds to wait for the sagas to end"
