@@ -142,6 +142,7 @@ class Workers:
         pool: str = "solo",
         concurrency: int = 1,
         wait: bool = True,
+        env: dict[str, str] | None = None,
     ) -> WorkerProcess:
         worker = WorkerProcess(
             "participants.app",
@@ -149,7 +150,7 @@ class Workers:
             name=name,
             pool=pool,
             concurrency=concurrency,
-            env=self.env(),
+            env={**self.env(), **(env or {})},
             log_dir=self.log_dir,
         )
         self.started.append(worker)

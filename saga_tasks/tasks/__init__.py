@@ -9,6 +9,7 @@ message once rather than dropping it or looping on it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from celery import Celery, bootsteps
 from celery.exceptions import Reject
 from celery.signals import after_setup_logger, after_setup_task_logger
 
-from saga_tasks.errors import SagaTasksError
+from saga_tasks.errors import SagaTasksError, ServiceUnavailable
 from saga_tasks.messages import REPLY_TASK
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, REPLY_QUEUE
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 RELAY_TASK = "saga_tasks.relay_outbox"
 log = logging.getLogger("saga_tasks.tasks")
+OUTAGE_PAUSE = 1.0
+"""Seconds a worker waits before handing back a message it could not handle for an outage."""
 
 
 def build_celery(saga_app: SagaApp) -> Celery:
@@ -130,8 +133,10 @@ def _register_handler(celery: Celery, runtime: ParticipantRuntime, handler: Hand
 def _requeue_when_retryable(request: Any) -> Iterator[None]:
     """A passing fault (database away, lost race) gives the message back to the queue.
 
-    Anything else propagates: Celery rejects the message without requeue and the
-    broker dead-letters it, so nothing is dropped and nothing loops.
+    With a backing service away, the worker pauses before giving the message back, so
+    an outage is not a hot loop of redeliveries. Anything else propagates: Celery
+    rejects the message without requeue and the broker dead-letters it, so nothing is
+    dropped and nothing loops.
     """
     try:
         yield
@@ -144,6 +149,8 @@ def _requeue_when_retryable(request: Any) -> Iterator[None]:
             exc,
             extra={"saga_id": headers.get("saga_id"), "message_id": request.id},
         )
+        if isinstance(exc, ServiceUnavailable):
+            time.sleep(OUTAGE_PAUSE)
         raise Reject(str(exc), requeue=True) from exc
 
 
@@ -157,7 +164,15 @@ class DeclareTopology(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.connection:Connection",)
 
     def start(self, c: Any) -> None:
-        c.app.saga_app.topology.declare(c.connection)
+        saga_app = c.app.saga_app
+        saga_app.topology.declare(c.connection)
+        from saga_tasks.persistence.db import check_database
+
+        try:
+            check_database(saga_app.settings.database_url)
+        except ServiceUnavailable as exc:
+            # Keep consuming: messages wait in their queues (requeued) until it is back.
+            log.error("%s; messages are requeued until it answers", exc)
 
 
 def _connect_logging(saga_app: SagaApp) -> None:

@@ -111,3 +111,25 @@ def test_participant_killed_after_commit_reply_recovered_from_outbox(order_app, 
         describe="the redelivered command to be answered from the ledger",
     )
     assert_each_effect_once(order_app, 1)
+
+
+def test_database_away_requeues_replies_and_loses_nothing(order_app, workers, isolation):
+    missing = isolation.database_url.rsplit("/", 1)[0] + "/saga_no_such_database"
+    cut_off = workers.orchestrator(env={"SAGA_DATABASE_URL": missing})
+    workers.participants()
+    handle = order_app.start_saga("order", "outage-1", ORDER)
+    wait_for(
+        lambda: "retryable error, message requeued" in cut_off.log_text(),
+        timeout=30,
+        describe="the orchestrator without its database to requeue the reply",
+    )
+    assert "cannot reach PostgreSQL at" in cut_off.log_text()
+    assert order_app.orchestrator.get(handle.saga_id).version == 1
+    cut_off.stop()
+    workers.orchestrator()
+    wait_for(
+        lambda: order_app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED,
+        timeout=30,
+        describe="the saga to complete once a worker reaches the database",
+    )
+    assert_each_effect_once(order_app, 1)
