@@ -14,6 +14,20 @@ Rules, in short:
 - a step without a compensation stays done (COMPENSATION_SKIPPED);
 - a refused compensation, or an answer that contradicts an earlier one, puts the
   saga in MANUAL_REVIEW with the reason; only an operator takes it out.
+
+Time (``DeadlinePassed``, from the sweeper):
+- a step with no answer by its deadline is sent again, same command id, until its
+  retry policy is spent; then it is given up, its outcome unknown. By its late-reply
+  policy it is compensated at once (``compensate``: the compensation either undoes a
+  late effect or leaves a tombstone that refuses the command) or left ``TIMED_OUT``
+  (``ignore``, ``manual_review``); the saga compensates the rest. A step that cannot be
+  undone and gives no answer puts the saga in MANUAL_REVIEW: nothing safe remains.
+- a compensation with no answer is sent again until its policy is spent; then the
+  saga goes to MANUAL_REVIEW;
+- the saga's own deadline turns a RUNNING saga to compensation, giving up what is
+  in flight.
+A reply to a step that was given up is late: it is written down, and with the
+``manual_review`` policy a late success puts the saga in MANUAL_REVIEW.
 """
 
 from __future__ import annotations
@@ -23,8 +37,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from saga_tasks.definitions import SagaDefinition, Step
-from saga_tasks.events import Event, ReplyReceived, Started
+from saga_tasks.definitions import LateReplyPolicy, SagaDefinition, Step
+from saga_tasks.events import DeadlinePassed, Event, ReplyReceived, Started
 from saga_tasks.model import SagaState, StepState, command_id, message_id
 from saga_tasks.states import (
     FORWARD_SUCCEEDED,
@@ -94,6 +108,8 @@ def decide(definition: SagaDefinition, state: SagaState, event: Event, now: date
         tx.on_started()
     elif isinstance(event, ReplyReceived):
         tx.on_reply(event)
+    elif isinstance(event, DeadlinePassed):
+        tx.on_deadline()
     else:  # pragma: no cover - the Event union is closed
         raise TypeError(f"unknown event {event!r}")
     return tx.decision()
@@ -169,6 +185,9 @@ class _Transition:
                 )
             self.advance(trigger=f"step {name!r} failed: {_error_text(event)}")
             return
+        if st.given_up:
+            self.late_reply(event, st)
+            return
         if (success and st.status in FORWARD_SUCCEEDED) or (
             not success and st.status is StepStatus.FAILED
         ):
@@ -229,6 +248,111 @@ class _Transition:
             event,
             f"compensation of step {name!r} answered {event.outcome.value} "
             f"while the step is {st.status.value}",
+        )
+
+    def late_reply(self, event: ReplyReceived, st: StepState) -> None:
+        """A reply to a step that was given up; every one is written down."""
+        name = event.step
+        step = self.definition.step(name)
+        self.classification = Classification.LATE
+        if event.outcome is not Outcome.SUCCESS:
+            what = "late failure: the command did not take effect"
+        elif st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATED):
+            what = "late success: the compensation sent when it was given up undoes it"
+        elif st.status is StepStatus.COMPENSATION_FAILED:
+            what = "late success: its compensation failed; the saga waits for a person"
+        elif step.late_reply is LateReplyPolicy.MANUAL_REVIEW or not step.compensable:
+            what = "late success: the step was given up; a person must decide"
+        else:
+            what = "late success ignored by the step's late-reply policy"
+        self.note("late_reply", step=name, message_id=event.message_id, reason=what)
+        if (
+            event.outcome is Outcome.SUCCESS
+            and st.status is StepStatus.TIMED_OUT
+            and (step.late_reply is LateReplyPolicy.MANUAL_REVIEW or not step.compensable)
+            and self.status is not SagaStatus.MANUAL_REVIEW
+        ):
+            self.manual_review(f"step {name!r} succeeded after it was given up")
+
+    def on_deadline(self) -> None:
+        """Act on every deadline that has passed; a sweep that finds none changes nothing."""
+        if self.status not in (SagaStatus.RUNNING, SagaStatus.COMPENSATING):
+            return
+        running = self.status is SagaStatus.RUNNING
+        saga_expired = running and self.deadline is not None and self.deadline <= self.now
+        resend: list[Step] = []
+        give_up: list[Step] = []
+        resend_compensation: list[Step] = []
+        exhausted: list[Step] = []
+        for s in self.definition.steps:
+            st = self.steps[s.name]
+            due = st.deadline is not None and st.deadline <= self.now
+            if st.status is StepStatus.REQUESTED and (due or saga_expired):
+                if due and running and not saga_expired and st.attempt < s.retry.max_attempts:
+                    resend.append(s)
+                else:
+                    give_up.append(s)
+            elif st.status is StepStatus.COMPENSATING and due:
+                if st.compensation_attempt < s.compensation_retry.max_attempts:
+                    resend_compensation.append(s)
+                else:
+                    exhausted.append(s)
+        if not (resend or give_up or resend_compensation or exhausted or saga_expired):
+            return
+        why = "the saga's deadline passed" if saga_expired else "no answer after its attempts"
+        # What needs a person is settled first, and then nothing at all is sent.
+        stuck = [s for s in give_up if not s.compensable]
+        if stuck or exhausted:
+            for s in give_up:
+                self.mark_given_up(s, why)
+            for s in exhausted:
+                st = self.steps[s.name]
+                self.set_step(
+                    s.name,
+                    st.evolve(status=StepStatus.COMPENSATION_FAILED, error="no_answer"),
+                    "compensation_exhausted",
+                    reason=f"{st.compensation_attempt} attempts had no answer",
+                )
+            if stuck:
+                reason = f"step {stuck[0].name!r} cannot be undone and its outcome is unknown ({why})"
+            else:
+                attempts = self.steps[exhausted[0].name].compensation_attempt
+                reason = (
+                    f"compensation of step {exhausted[0].name!r} had no answer after "
+                    f"{attempts} attempts"
+                )
+            self.manual_review(reason)
+            return
+        if give_up or saga_expired:
+            resend = []  # the saga turns to compensation: what is in flight may still answer
+        for s in resend:
+            st = self.steps[s.name]
+            self.send_action(s, st, reason=f"attempt {st.attempt} had no answer in time")
+        for s in resend_compensation:
+            st = self.steps[s.name]
+            self.send_compensation(
+                s, st, reason=f"attempt {st.compensation_attempt} had no answer in time"
+            )
+        for s in give_up:
+            self.mark_given_up(s, why)
+            if s.late_reply is LateReplyPolicy.COMPENSATE:
+                # Undo it in case it took effect; if it did not, the tombstone the
+                # compensation leaves refuses the command should it still arrive.
+                self.send_compensation(s, self.steps[s.name])
+        if running and (saga_expired or give_up):
+            first = give_up[0].name if give_up else None
+            reason = why if saga_expired or first is None else f"step {first!r} had {why}"
+            self.begin_compensation(reason)
+        elif self.status is SagaStatus.COMPENSATING:
+            self.compensate_ready()
+
+    def mark_given_up(self, s: Step, why: str) -> None:
+        st = self.steps[s.name]
+        self.set_step(
+            s.name,
+            st.evolve(status=StepStatus.TIMED_OUT, given_up=True, error="timed_out"),
+            "step_given_up",
+            reason=f"{why}; attempts sent: {st.attempt}",
         )
 
     # -- progress -------------------------------------------------------------------------
@@ -293,7 +417,7 @@ class _Transition:
         if not any(st.status in blocking for st in self.steps.values()):
             self.finish(SagaStatus.COMPENSATED, "saga_compensated")
 
-    def send_action(self, s: Step, st: StepState) -> None:
+    def send_action(self, s: Step, st: StepState, reason: str | None = None) -> None:
         generation = st.generation
         cid = st.command_id or command_id(
             self.before.saga_id, s.name, MessageKind.COMMAND, generation
@@ -306,7 +430,13 @@ class _Transition:
             requested_at=self.now,
             deadline=self.now + s.timeout,
         )
-        self.set_step(s.name, new, "step_requested", detail={"attempt": attempt})
+        self.set_step(
+            s.name,
+            new,
+            "step_resent" if reason else "step_requested",
+            reason=reason,
+            detail={"attempt": attempt},
+        )
         self.commands.append(
             CommandIntent(
                 saga_id=self.before.saga_id,
@@ -323,7 +453,7 @@ class _Transition:
             )
         )
 
-    def send_compensation(self, s: Step, st: StepState) -> None:
+    def send_compensation(self, s: Step, st: StepState, reason: str | None = None) -> None:
         assert s.compensation is not None
         generation = st.generation
         cid = st.compensation_id or command_id(
@@ -337,7 +467,13 @@ class _Transition:
             requested_at=self.now,
             deadline=self.now + s.timeout,
         )
-        self.set_step(s.name, new, "compensation_requested", detail={"attempt": attempt})
+        self.set_step(
+            s.name,
+            new,
+            "compensation_resent" if reason else "compensation_requested",
+            reason=reason,
+            detail={"attempt": attempt},
+        )
         self.commands.append(
             CommandIntent(
                 saga_id=self.before.saga_id,

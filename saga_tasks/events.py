@@ -29,4 +29,9 @@ class ReplyReceived:
     error_message: str | None = None
 
 
-Event = Started | ReplyReceived
+@dataclass(frozen=True)
+class DeadlinePassed:
+    """The sweeper found a deadline of this saga due; the decider works out which."""
+
+
+Event = Started | ReplyReceived | DeadlinePassed

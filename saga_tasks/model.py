@@ -48,6 +48,8 @@ class StepState:
     finished_at: datetime | None = None
     result: Mapping[str, Any] | None = None
     error: str | None = None
+    given_up: bool = False
+    """The forward command got no answer in time; its outcome is unknown."""
 
     def evolve(self, **changes: Any) -> StepState:
         return replace(self, **changes)

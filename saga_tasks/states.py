@@ -25,7 +25,10 @@ class StepStatus(StrEnum):
 
     ``SKIPPED``: never dispatched because the saga failed first.
     ``COMPENSATION_SKIPPED``: succeeded, and has no compensation, so it stays done.
-    ``COMPENSATION_FAILED``: the participant refused to undo it; the saga needs a person.
+    ``COMPENSATION_FAILED``: the participant refused to undo it, or never answered; the
+    saga needs a person.
+    ``TIMED_OUT``: given up after its attempts, outcome unknown, and by its late-reply
+    policy not compensated.
     """
 
     PENDING = "PENDING"
@@ -37,6 +40,7 @@ class StepStatus(StrEnum):
     COMPENSATION_FAILED = "COMPENSATION_FAILED"
     COMPENSATION_SKIPPED = "COMPENSATION_SKIPPED"
     SKIPPED = "SKIPPED"
+    TIMED_OUT = "TIMED_OUT"
 
 
 # The forward action is known to have taken effect.
@@ -59,6 +63,7 @@ SETTLED_STEP = frozenset(
         StepStatus.COMPENSATION_SKIPPED,
         StepStatus.SKIPPED,
         StepStatus.PENDING,
+        StepStatus.TIMED_OUT,
     }
 )
 

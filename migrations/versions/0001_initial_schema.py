@@ -173,6 +173,7 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("result", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("given_up", sa.Boolean(), server_default=sa.text("false"), nullable=False),
         sa.PrimaryKeyConstraint("saga_id", "step", name="pk_saga_step"),
         schema="saga",
     )

@@ -91,6 +91,7 @@ _STEP_COLUMNS = (
     saga_step.c.finished_at.label("step_finished_at"),
     saga_step.c.result,
     saga_step.c.last_error,
+    saga_step.c.given_up,
 )
 
 
@@ -142,6 +143,7 @@ def _to_state(rows: Sequence[Row[Any]]) -> SagaState:
             finished_at=m["step_finished_at"],
             result=m["result"],
             error=m["last_error"],
+            given_up=m["given_up"],
         )
     return SagaState(
         saga_id=head["saga_id"],
@@ -210,6 +212,7 @@ def save(
                     "finished_at",
                     "result",
                     "last_error",
+                    "given_up",
                 )
             },
         ),
@@ -233,6 +236,7 @@ def _step_row(saga_id: str, name: str, position: int, st: StepState) -> dict[str
         "finished_at": st.finished_at,
         "result": dict(st.result) if st.result is not None else None,
         "last_error": st.error,
+        "given_up": st.given_up,
     }
 
 

@@ -78,6 +78,7 @@ saga_step = Table(
     Column("finished_at", DateTime(timezone=True)),
     Column("result", JSONB),
     Column("last_error", Text),
+    Column("given_up", Boolean, nullable=False, server_default=text("false")),
     PrimaryKeyConstraint("saga_id", "step", name="pk_saga_step"),
     schema=SAGA_SCHEMA,
 )

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from saga_tasks import ReplyReceived, SagaState, Started, decide
+from saga_tasks.events import DeadlinePassed
 from saga_tasks.decider import Decision
 from saga_tasks.definitions import SagaDefinition, saga, step
 from saga_tasks.states import MessageKind, Outcome
@@ -57,8 +58,8 @@ class Driver:
         self.decisions: list[Decision] = []
         self._counter = 0
 
-    def apply(self, event: Started | ReplyReceived) -> Decision:
-        self.now += timedelta(milliseconds=10)
+    def apply(self, event: Started | ReplyReceived | DeadlinePassed, *, step: float = 0.01) -> Decision:
+        self.now += timedelta(seconds=step)
         decision = decide(self.definition, self.state, event, self.now)
         self.decisions.append(decision)
         self.state = decision.state
@@ -91,6 +92,10 @@ class Driver:
             else ({"r": step_name} if outcome is Outcome.SUCCESS else None),
             error_code=code or (None if outcome is Outcome.SUCCESS else "refused"),
         )
+
+    def tick(self, seconds: float) -> Decision:
+        """Let ``seconds`` pass, then run the sweeper's event."""
+        return self.apply(DeadlinePassed(), step=seconds)
 
     def succeed(self, step_name: str) -> Decision:
         return self.apply(self.reply(step_name))

@@ -1,0 +1,180 @@
+"""A stateful model: the decider, a network that delays, reorders and duplicates, and
+participants with ledgers and tombstones, driven by hypothesis in any order.
+
+Commands and replies sit "in transit" until a rule delivers them, in any order, any
+number of times; time passes in jumps and the sweeper runs. After every step the
+decider's invariants are checked, and so is the business outcome the participants
+hold: a compensated saga leaves no effect behind (unless a step's policy says to
+ignore a late one), a completed saga has every effect and undid none, and no
+command takes effect after its compensation ran.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from saga_tasks import ReplyReceived
+from saga_tasks.decider import CommandIntent
+from saga_tasks.definitions import LateReplyPolicy, SagaDefinition, saga, step
+from saga_tasks.states import MessageKind, Outcome, SagaStatus, StepStatus
+from tests.unit.sagas import Driver
+from tests.unit.test_decider_properties import check
+
+
+@st.composite
+def timed_definitions(draw: st.DrawFn) -> SagaDefinition:
+    n = draw(st.integers(min_value=1, max_value=4))
+    steps = []
+    for i in range(n):
+        parents = draw(st.sets(st.integers(min_value=0, max_value=i - 1), max_size=2)) if i else set()
+        steps.append(
+            step(
+                f"s{i}",
+                f"p.do{i}",
+                compensation=f"p.undo{i}" if draw(st.integers(0, 4)) else None,
+                queue="p.commands",
+                depends_on=[f"s{p}" for p in sorted(parents)],
+                timeout=draw(st.sampled_from([2.0, 5.0, 10.0])),
+                retry=draw(st.integers(1, 3)),
+                compensation_retry=draw(st.integers(1, 3)),
+                late_reply=draw(st.sampled_from(list(LateReplyPolicy))),
+            )
+        )
+    return saga("stateful", *steps, timeout=draw(st.sampled_from([30.0, 120.0])))
+
+
+@dataclass
+class LedgerEntry:
+    outcome: Outcome
+    tombstone: bool = False
+
+
+class SagaWorld(RuleBasedStateMachine):
+    """One saga, its participants and the network between them."""
+
+    @initialize(defn=timed_definitions(), data=st.data())
+    def begin(self, defn: SagaDefinition, data: st.DataObject) -> None:
+        self.defn = defn
+        self.data = data
+        self.driver = Driver(defn)
+        self.commands: list[CommandIntent] = []  # in transit to participants
+        self.replies: list[ReplyReceived] = []  # in transit to the orchestrator
+        self.ledger: dict[str, LedgerEntry] = {}  # command id -> what the participant did
+        self.effect: dict[str, bool] = {}  # step -> its forward change is in place
+        self.effect_after_undo: list[str] = []
+        initial = self.driver.state
+        self._decide(initial, self.driver.start())
+
+    def _decide(self, before, decision) -> None:
+        check(self.defn, before, decision)
+        self.commands.extend(decision.commands)
+
+    # -- the network --------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.commands))
+    @rule(data=st.data(), keep=st.booleans())
+    def participant_receives(self, data: st.DataObject, keep: bool) -> None:
+        """A participant handles a command; with ``keep`` the broker delivers it again later."""
+        index = data.draw(st.integers(0, len(self.commands) - 1))
+        command = self.commands[index] if keep else self.commands.pop(index)
+        entry = self.ledger.get(command.command_id)
+        if entry is None:
+            if command.kind is MessageKind.COMPENSATION:
+                forward = command.compensates
+                if forward is not None and forward not in self.ledger:
+                    # Compensation first: a tombstone will refuse the forward command.
+                    self.ledger[forward] = LedgerEntry(Outcome.FAILURE, tombstone=True)
+                elif self.effect.get(command.step):
+                    self.effect[command.step] = False
+                entry = LedgerEntry(Outcome.SUCCESS)
+            else:
+                outcome = data.draw(st.sampled_from([Outcome.SUCCESS, Outcome.SUCCESS, Outcome.FAILURE]))
+                entry = LedgerEntry(outcome)
+                if outcome is Outcome.SUCCESS:
+                    self.effect[command.step] = True
+            self.ledger[command.command_id] = entry
+        self.replies.append(
+            ReplyReceived(
+                step=command.step,
+                kind=command.kind,
+                command_id=command.command_id,
+                outcome=entry.outcome,
+                message_id=f"reply-{command.command_id}",
+                result={"done": command.step} if entry.outcome is Outcome.SUCCESS else None,
+                error_code=None
+                if entry.outcome is Outcome.SUCCESS
+                else ("compensated_before_execution" if entry.tombstone else "refused"),
+            )
+        )
+
+    @precondition(lambda self: bool(self.replies))
+    @rule(data=st.data(), keep=st.booleans())
+    def orchestrator_receives(self, data: st.DataObject, keep: bool) -> None:
+        """The orchestrator gets a reply, in any order; with ``keep`` it comes again later."""
+        index = data.draw(st.integers(0, len(self.replies) - 1))
+        reply = self.replies[index] if keep else self.replies.pop(index)
+        before = self.driver.state
+        self._decide(before, self.driver.apply(reply))
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 40.0]))
+    def time_passes(self, seconds: float) -> None:
+        before = self.driver.state
+        self._decide(before, self.driver.tick(seconds))
+
+    @rule()
+    def a_bogus_reply_arrives(self) -> None:
+        before = self.driver.state
+        name = self.defn.steps[0].name
+        decision = self.driver.apply(
+            ReplyReceived(
+                step=name,
+                kind=MessageKind.COMMAND,
+                command_id=str(uuid.uuid4()),
+                outcome=Outcome.SUCCESS,
+                message_id="bogus",
+            )
+        )
+        self._decide(before, decision)
+        assert not decision.changed
+
+    # -- what must always hold -------------------------------------------------------------
+
+    @invariant()
+    def effects_match_the_saga(self) -> None:
+        if not hasattr(self, "driver"):
+            return
+        state = self.driver.state
+        if state.status is SagaStatus.COMPLETED:
+            assert all(self.effect.get(s.name) for s in self.defn.steps)
+        if state.status is SagaStatus.COMPENSATED:
+            for s in self.defn.steps:
+                st_ = state.steps[s.name]
+                # Kept on purpose: no compensation defined, or given up and by policy not undone.
+                if st_.status is StepStatus.TIMED_OUT:
+                    assert s.late_reply is not LateReplyPolicy.COMPENSATE, f"{s.name} given up, not undone"
+                    continue
+                if st_.status is StepStatus.COMPENSATION_SKIPPED:
+                    continue
+                assert not self.effect.get(s.name), f"{s.name} still has its effect ({st_.status})"
+
+    @invariant()
+    def tombstones_refuse_late_commands(self) -> None:
+        if not hasattr(self, "ledger"):
+            return
+        for command_id, entry in self.ledger.items():
+            if entry.tombstone:
+                assert entry.outcome is Outcome.FAILURE, command_id
+
+
+SagaWorld.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestSagaWorld = SagaWorld.TestCase
