@@ -6,12 +6,13 @@ the order. Confirming is the point of no return, so it has no compensation.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from participants import inventory, orders, payments
-from saga_tasks import saga, step
+from saga_tasks import SagaDefinition, saga, step
 
 Reference = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 
@@ -34,13 +35,28 @@ class OrderPayload(BaseModel):
     demo_faults: dict[str, str] | None = None
 
 
-ORDER_SAGA = saga(
-    "order",
-    step("create_order", orders.create, compensation=orders.cancel, timeout=30),
-    step("reserve_stock", inventory.reserve, compensation=inventory.release, timeout=30),
-    step("authorize_payment", payments.authorize, compensation=payments.void, timeout=60),
-    step("confirm_order", orders.confirm, timeout=30),
-    version=1,
-    timeout=600,
-    payload=OrderPayload,
-)
+def order_saga(time_scale: float = 1.0) -> SagaDefinition:
+    """The order saga; ``time_scale`` shrinks every timeout (tests and chaos runs use 0.05).
+
+    Every process of one deployment must use the same scale: deadlines are computed by
+    whichever process starts the saga or handles its messages.
+    """
+    if not 0 < time_scale <= 100:
+        raise ValueError("ORDER_SAGA_TIME_SCALE must be in (0, 100]")
+
+    def t(seconds: float) -> float:
+        return seconds * time_scale
+
+    return saga(
+        "order",
+        step("create_order", orders.create, compensation=orders.cancel, timeout=t(30)),
+        step("reserve_stock", inventory.reserve, compensation=inventory.release, timeout=t(30)),
+        step("authorize_payment", payments.authorize, compensation=payments.void, timeout=t(60)),
+        step("confirm_order", orders.confirm, timeout=t(30)),
+        version=1,
+        timeout=t(600),
+        payload=OrderPayload,
+    )
+
+
+ORDER_SAGA = order_saga(float(os.environ.get("ORDER_SAGA_TIME_SCALE", "1")))

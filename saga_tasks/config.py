@@ -62,6 +62,21 @@ class Settings:
         500,
         "Outbox rows claimed per recovery pass and outbox.",
     )
+    sweep_interval: float = _env(
+        "SAGA_SWEEP_INTERVAL",
+        2.0,
+        "Seconds between timeout sweeps run by beat.",
+    )
+    sweep_batch: int = _env(
+        "SAGA_SWEEP_BATCH",
+        500,
+        "Sagas with a passed deadline claimed per sweep transaction.",
+    )
+    beat_lock_timeout: float = _env(
+        "SAGA_BEAT_LOCK_TIMEOUT",
+        10.0,
+        "Seconds the active beat's lease in Redis lasts; a standby takes over after it.",
+    )
     publish_timeout: float = _env(
         "SAGA_PUBLISH_TIMEOUT",
         5.0,
@@ -103,7 +118,13 @@ class Settings:
             raise ConfigurationError(
                 f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"
             )
-        for name in ("relay_interval", "relay_min_age", "publish_timeout"):
+        for name in (
+            "relay_interval",
+            "relay_min_age",
+            "publish_timeout",
+            "sweep_interval",
+            "beat_lock_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
 

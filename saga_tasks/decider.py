@@ -314,7 +314,9 @@ class _Transition:
                     reason=f"{st.compensation_attempt} attempts had no answer",
                 )
             if stuck:
-                reason = f"step {stuck[0].name!r} cannot be undone and its outcome is unknown ({why})"
+                reason = (
+                    f"step {stuck[0].name!r} cannot be undone and its outcome is unknown ({why})"
+                )
             else:
                 attempts = self.steps[exhausted[0].name].compensation_attempt
                 reason = (

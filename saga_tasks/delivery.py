@@ -9,7 +9,7 @@ deduplicate, so publishing twice is safe; never publishing is what must not happ
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, Table
@@ -63,14 +63,20 @@ def relay(
     *,
     min_age_seconds: float,
     batch: int,
+    after_publish: Callable[[Sequence[OutboundMessage]], None] | None = None,
 ) -> RelayReport:
-    """One recovery pass over one outbox table."""
+    """One recovery pass over one outbox table.
+
+    ``after_publish`` runs between the publish and the mark (the demo crash point).
+    """
     name = f"{table.schema}.{table.name}"
     with translated(str(engine.url)), engine.begin() as conn:
         rows = outbox.claim_unpublished(conn, table, min_age_seconds=min_age_seconds, limit=batch)
         if not rows:
             return RelayReport(name, 0, 0, 0)
         result = publisher.publish(rows)
+        if after_publish is not None and result.published:
+            after_publish([r for r in rows if r.message_id in set(result.published)])
         outbox.mark_published(conn, table, result.published, recovered=True)
         outbox.count_failed_attempt(conn, table, result.failed)
     metrics.OUTBOX_RECOVERED.labels(outbox=name).inc(len(result.published))

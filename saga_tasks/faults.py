@@ -1,11 +1,19 @@
 """Technical faults for demos and tests, asked for in a saga payload.
 
-A payload may carry ``"demo_faults": {"<task name>": "<fault>"}``. Starting such a
-saga is refused, and workers ignore the field, unless ``SAGA_TASKS_DEMO_FAULTS=1``
-is set for the process: a payload can never crash a production worker.
+A payload may carry ``"demo_faults": {"<where>": "<fault>"}``. Starting such a saga
+is refused, and workers ignore the field, unless ``SAGA_TASKS_DEMO_FAULTS=1`` is set
+for the process: a payload can never crash a production worker. ``<where>`` is
 
-Faults act on the first delivery of a command only, so a redelivery after the
-crash they cause runs normally; that is what the recovery paths are shown on.
+- a participant task (``inventory.reserve``): the fault acts on the first execution
+  of the command, never on a duplicate or a redelivery;
+- ``saga_tasks.reply@<step>``: the orchestrator, on the first delivery of that step's
+  reply (``crash_after_commit``: commands committed, not published; ``crash_after_publish``:
+  published, not acknowledged);
+- ``saga_tasks.relay``: outbox recovery, once per saga (``crash_after_publish``:
+  published, not marked published); the history records that it fired.
+
+So a redelivery after the crash a fault causes runs normally: that is what the
+recovery paths are shown on.
 """
 
 from __future__ import annotations
@@ -31,11 +39,20 @@ class FaultKind(StrEnum):
     CRASH_AFTER_COMMIT = "crash_after_commit"
     """SIGKILL after commit, before the reply is published: only the outbox has it."""
     SLOW = "slow"
-    """``slow:<seconds>``: wait before handling, so the reply comes late."""
+    """``slow:<seconds>``: the work takes that long, so the reply comes late."""
     DUPLICATE_REPLY = "duplicate_reply"
     """Publish the reply twice."""
     RAISE = "raise"
     """Raise an unexpected exception inside the handler."""
+    CRASH_AFTER_PUBLISH = "crash_after_publish"
+    """SIGKILL after publishing, before the ack or the outbox mark."""
+
+
+RELAY = "saga_tasks.relay"
+
+
+def reply_key(step: str) -> str:
+    return f"saga_tasks.reply@{step}"
 
 
 @dataclass(frozen=True)

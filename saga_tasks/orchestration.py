@@ -15,6 +15,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event
@@ -33,7 +34,7 @@ from saga_tasks.errors import (
     UnknownDefinitionVersion,
     UnknownSagaType,
 )
-from saga_tasks.events import Started
+from saga_tasks.events import DeadlinePassed, Started
 from saga_tasks.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
@@ -47,6 +48,16 @@ log = logging.getLogger("saga_tasks.orchestrator")
 
 MAX_BUSINESS_KEY = 200
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did, for logs and tests."""
+
+    claimed: int = 0
+    changed: int = 0
+    commands: int = 0
+    errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,7 @@ class Orchestrator:
         body: Any,
         *,
         routing_key: str | None = None,
+        redelivered: bool = False,
     ) -> Classification:
         """Apply one reply; every outcome is written down, none raises for bad input."""
         from saga_tasks import invalid
@@ -265,14 +277,9 @@ class Orchestrator:
             else:
                 definition = self.registry.get(state.saga_type, state.definition_version)
                 decision = decide(definition, state, reply, now)
-                if decision.changed:
-                    sagas.save(conn, state, decision.state, now, [s.name for s in definition.steps])
-                sagas.append_history(conn, saga_id, decision.history, now, causation_id=message_id)
-                messages = [
-                    self._command_message(decision.state, c, causation_id=message_id)
-                    for c in decision.commands
-                ]
-                outbox.write(conn, saga_outbox, messages)
+                messages = self._write_decision(
+                    conn, definition, state, decision, now=now, causation_id=message_id
+                )
                 reason = next((h.reason or "" for h in decision.history), "")
         if state is None or decision.classification is Classification.INVALID:
             invalid.record(
@@ -288,14 +295,89 @@ class Orchestrator:
             )
             return Classification.INVALID
         self._after_decision(state, decision, message_id)
+        fault = None
+        if not redelivered and decision.classification is Classification.ACCEPTED:
+            key = faults.reply_key(reply.step)
+            fault = faults.fault_for(state.payload, key, self.demo_faults)
+        fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
+        if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
+            faults.crash("orchestrator after commit, before publishing", **fields)
         deliver(self.engine, saga_outbox, self._publisher(), messages)
+        if fault and fault.kind is faults.FaultKind.CRASH_AFTER_PUBLISH:
+            faults.crash("orchestrator after publishing, before the ack", **fields)
         return decision.classification
 
-    def _after_decision(self, before: SagaState, decision: Decision, message_id: str) -> None:
+    def _write_decision(
+        self,
+        conn: Connection,
+        definition: SagaDefinition,
+        state: SagaState,
+        decision: Decision,
+        *,
+        now: datetime,
+        causation_id: str | None,
+    ) -> list[OutboundMessage]:
+        """State (compare-and-set), history and outbox of one decision, in ``conn``'s tx."""
+        if decision.changed:
+            sagas.save(conn, state, decision.state, now, [s.name for s in definition.steps])
+        sagas.append_history(conn, state.saga_id, decision.history, now, causation_id=causation_id)
+        messages = [
+            self._command_message(decision.state, c, causation_id=causation_id)
+            for c in decision.commands
+        ]
+        outbox.write(conn, saga_outbox, messages)
+        return messages
+
+    # -- time -----------------------------------------------------------------------------
+
+    def sweep(self, *, batch: int = 500, max_batches: int = 20) -> SweepReport:
+        """Apply ``DeadlinePassed`` to every saga whose next deadline has passed.
+
+        Each batch is one transaction: claim due sagas (SKIP LOCKED), decide, write,
+        commit, publish. A saga whose decision raises is rolled back to its savepoint and
+        logged, and the rest of the batch goes on.
+        """
+        report = SweepReport()
+        for _ in range(max_batches):
+            now = self.clock.now()
+            done: list[tuple[SagaState, Decision]] = []
+            messages: list[OutboundMessage] = []
+            with translated(str(self.engine.url)), self.engine.begin() as conn:
+                due = sagas.claim_due(conn, now, batch)
+                for state in due:
+                    savepoint = conn.begin_nested()
+                    try:
+                        definition = self.registry.get(state.saga_type, state.definition_version)
+                        decision = decide(definition, state, DeadlinePassed(), now)
+                        messages += self._write_decision(
+                            conn, definition, state, decision, now=now, causation_id=None
+                        )
+                    except Exception:
+                        savepoint.rollback()
+                        report.errors += 1
+                        log.exception("sweep failed for one saga", extra={"saga_id": state.saga_id})
+                        continue
+                    savepoint.commit()
+                    done.append((state, decision))
+            report.claimed += len(due)
+            report.changed += sum(1 for _, d in done if d.changed)
+            report.commands += len(messages)
+            for state, decision in done:
+                if decision.changed:
+                    self._after_decision(state, decision, None)
+            deliver(self.engine, saga_outbox, self._publisher(), messages)
+            if len(due) < batch:
+                break
+        return report
+
+    def _after_decision(
+        self, before: SagaState, decision: Decision, message_id: str | None
+    ) -> None:
         after = decision.state
-        metrics.MESSAGES.labels(
-            consumer=ORCHESTRATOR, classification=decision.classification.value
-        ).inc()
+        if message_id is not None:
+            metrics.MESSAGES.labels(
+                consumer=ORCHESTRATOR, classification=decision.classification.value
+            ).inc()
         if (
             decision.changed
             and after.status != before.status
@@ -307,6 +389,18 @@ class Orchestrator:
         level = (
             logging.INFO if decision.classification is Classification.ACCEPTED else logging.WARNING
         )
+        if (
+            decision.changed
+            and after.status is SagaStatus.MANUAL_REVIEW
+            and before.status is not SagaStatus.MANUAL_REVIEW
+        ):
+            log.error(
+                "ALERT saga needs manual review: %s",
+                after.reason,
+                extra=_log_fields(
+                    after, message_id, status_before=before.status, status_after=after.status
+                ),
+            )
         for entry in decision.history:
             log.log(
                 level,

@@ -220,10 +220,10 @@ class ParticipantRuntime:
             if redelivered
             else faults.fault_for(command.payload, handler.task_name, self.demo_faults)
         )
-        if fault and fault.kind is faults.FaultKind.SLOW:
-            faults.pause(fault.seconds)
         with translated(str(engine.url)), engine.begin() as conn:
             reply, duplicate = self._handle(conn, handler, command, fault, fields)
+        if duplicate:
+            fault = None  # faults act on the first execution of a command only
         if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
             faults.crash("after commit, before the reply is published", **fields)
         publisher = self._publisher()
@@ -273,6 +273,8 @@ class ParticipantRuntime:
             stored = _Reply.from_stored(row.reply)
             return self._reply_message(command, str(row.reply_message_id), stored), True
 
+        if fault and fault.kind is faults.FaultKind.SLOW:
+            faults.pause(fault.seconds)  # slow work: after the claim, so re-sends wait for it
         now = self.clock.now()
         if handler.kind is MessageKind.COMPENSATION and command.compensates is not None:
             nothing_to_undo = self._forward_never_took_effect(conn, handler, command, now)

@@ -96,22 +96,58 @@ def settings(isolation: Isolation):
     )
 
 
-@pytest.fixture
-def order_app(settings):
+def build_order_app(settings, *, clock=None, time_scale: float = 1.0):
     """The example deployment (order saga, three participants) on this test's services."""
     from participants import inventory, orders, payments
-    from participants.order_saga import ORDER_SAGA
+    from participants.order_saga import order_saga
     from participants.seed import seed
     from saga_tasks import SagaApp
     from saga_tasks.messaging.topology import declare_topology
 
     app = SagaApp(
-        sagas=[ORDER_SAGA],
+        sagas=[order_saga(time_scale)],
         participants=[orders.participant, inventory.participant, payments.participant],
         settings=settings,
+        clock=clock,
     )
     declare_topology(settings.broker_url, app.topology)
     seed(app.engine)
+    return app
+
+
+@pytest.fixture
+def order_app(settings):
+    app = build_order_app(settings)
+    yield app
+    app.celery.close()
+
+
+@pytest.fixture
+def clock():
+    from datetime import UTC, datetime
+
+    from saga_tasks.testing import FakeClock
+
+    return FakeClock(datetime.now(UTC))
+
+
+@pytest.fixture
+def clocked_app(settings, clock):
+    """The order saga with a clock the test moves (timeouts: create 30 s, authorize 60 s)."""
+    app = build_order_app(settings, clock=clock)
+    yield app
+    app.celery.close()
+
+
+TIME_SCALE = 0.03
+"""Order saga timeouts in timeout tests: create 0.9 s, authorize 1.8 s, saga 18 s."""
+
+
+@pytest.fixture
+def fast_app(settings, workers):
+    """The order saga with short timeouts, in this process and in the workers it starts."""
+    workers.time_scale = TIME_SCALE
+    app = build_order_app(settings, time_scale=TIME_SCALE)
     yield app
     app.celery.close()
 
@@ -123,12 +159,16 @@ class Workers:
         self.isolation = isolation
         self.log_dir = log_dir
         self.started: list[WorkerProcess] = []
+        self.time_scale = 1.0
 
     def env(self, **extra: str) -> dict[str, str]:
         return self.isolation.env(
             SAGA_TASKS_DEMO_FAULTS="1",
             SAGA_RELAY_INTERVAL="0.5",
             SAGA_RELAY_MIN_AGE="1",
+            SAGA_SWEEP_INTERVAL="0.3",
+            SAGA_BEAT_LOCK_TIMEOUT="3",
+            ORDER_SAGA_TIME_SCALE=str(self.time_scale),
             SAGA_TASKS_APP="participants.app:saga_app",
             PYTHONPATH=str(Path(__file__).resolve().parents[1]),
             **extra,

@@ -110,6 +110,40 @@ def lock(conn: Connection, saga_id: str) -> SagaState | None:
     return _to_state(rows) if rows else None
 
 
+def claim_due(conn: Connection, now: datetime, limit: int) -> list[SagaState]:
+    """Lock up to ``limit`` active sagas whose next deadline has passed, earliest first.
+
+    The partial index on ``next_wake_at`` (active sagas only) makes this cost grow with
+    the number of due sagas, not with the table. SKIP LOCKED lets sweepers run side by
+    side, and leaves alone a saga a reply is being applied to right now.
+    """
+    due = (
+        select(saga_instance.c.saga_id)
+        .where(
+            saga_instance.c.status.in_(("RUNNING", "COMPENSATING")),
+            saga_instance.c.next_wake_at <= now,
+        )
+        .order_by(saga_instance.c.next_wake_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    ids = [row.saga_id for row in conn.execute(due)]
+    if not ids:
+        return []
+    stmt = (
+        select(saga_instance, *_STEP_COLUMNS)
+        .select_from(
+            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
+        )
+        .where(saga_instance.c.saga_id.in_(ids))
+        .order_by(saga_instance.c.saga_id, saga_step.c.position)
+    )
+    groups: dict[str, list[Row[Any]]] = {}
+    for row in conn.execute(stmt):
+        groups.setdefault(row.saga_id, []).append(row)
+    return [_to_state(rows) for rows in groups.values()]
+
+
 def load(conn: Connection, saga_id: str) -> SagaState | None:
     """Like ``lock`` without the lock: for reading tools."""
     stmt = (
@@ -300,6 +334,20 @@ def append_note_if_exists(
         )
     )
     return True
+
+
+def has_event(conn: Connection, saga_id: str, event: str) -> bool:
+    stmt = select(saga_history.c.id).where(
+        saga_history.c.saga_id == saga_id, saga_history.c.event == event
+    )
+    return conn.execute(stmt.limit(1)).first() is not None
+
+
+def payloads(conn: Connection, saga_ids: Sequence[str]) -> list[tuple[str, Mapping[str, Any]]]:
+    stmt = select(saga_instance.c.saga_id, saga_instance.c.payload).where(
+        saga_instance.c.saga_id.in_(saga_ids)
+    )
+    return [(str(r.saga_id), r.payload) for r in conn.execute(stmt)]
 
 
 def history(conn: Connection, saga_id: str) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from celery.exceptions import Reject
 from celery.signals import after_setup_logger, after_setup_task_logger
 
 from saga_tasks.errors import SagaTasksError, ServiceUnavailable
-from saga_tasks.messages import REPLY_TASK
+from saga_tasks.messages import REPLY_TASK, OutboundMessage
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, REPLY_QUEUE
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from saga_tasks.participant import Handler, ParticipantRuntime
 
 RELAY_TASK = "saga_tasks.relay_outbox"
+SWEEP_TASK = "saga_tasks.sweep_timeouts"
 log = logging.getLogger("saga_tasks.tasks")
 OUTAGE_PAUSE = 1.0
 """Seconds a worker waits before handing back a message it could not handle for an outage."""
@@ -67,7 +68,22 @@ def build_celery(saga_app: SagaApp) -> Celery:
                     "queue": MAINTENANCE_QUEUE,
                 },
             },
+            "saga-timeout-sweep": {
+                "task": SWEEP_TASK,
+                "schedule": settings.sweep_interval,
+                "options": {
+                    "expires": max(settings.sweep_interval * 2, 1.0),
+                    "queue": MAINTENANCE_QUEUE,
+                },
+            },
         },
+        # One active beat at a time: a lease in Redis; a standby beat takes over once the
+        # lease of a dead one runs out (celery-redbeat).
+        beat_scheduler="redbeat.RedBeatScheduler",
+        redbeat_redis_url=settings.result_backend,
+        redbeat_key_prefix=f"saga_tasks:beat:{_deployment_id(settings)}:",
+        redbeat_lock_timeout=int(max(settings.beat_lock_timeout, 2)),
+        beat_max_loop_interval=max(1.0, min(settings.sweep_interval, settings.relay_interval)),
     )
     celery.saga_app = saga_app  # type: ignore[attr-defined]
     celery.steps["consumer"].add(DeclareTopology)
@@ -85,13 +101,29 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
         """Apply a participant's reply to its saga."""
         body: Any = kwargs if not args else {"args": list(args), **kwargs}
         with _requeue_when_retryable(self.request):
+            delivery = self.request.delivery_info or {}
             outcome = saga_app.orchestrator.handle_reply(
                 self.request.id,
                 self.request.headers,
                 body,
-                routing_key=(self.request.delivery_info or {}).get("routing_key"),
+                routing_key=delivery.get("routing_key"),
+                redelivered=bool(delivery.get("redelivered")),
             )
         return outcome.value
+
+    @celery.task(name=SWEEP_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
+    def sweep_timeouts(self: Any) -> dict[str, int]:
+        """Feed ``DeadlinePassed`` to every saga whose next deadline has passed."""
+        report = saga_app.orchestrator.sweep(batch=saga_app.settings.sweep_batch)
+        if report.claimed:
+            log.info(
+                "timeout sweep: %d due, %d changed, %d commands, %d errors",
+                report.claimed,
+                report.changed,
+                report.commands,
+                report.errors,
+            )
+        return {"claimed": report.claimed, "changed": report.changed, "errors": report.errors}
 
     @celery.task(name=RELAY_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def relay_outbox(self: Any) -> dict[str, int]:
@@ -99,6 +131,7 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
         from saga_tasks.delivery import relay
 
         published: dict[str, int] = {}
+        hook = _relay_fault_hook(saga_app) if saga_app.settings.demo_faults else None
         for table in saga_app.outbox_tables():
             report = relay(
                 saga_app.engine,
@@ -106,9 +139,50 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
                 saga_app.publisher,
                 min_age_seconds=saga_app.settings.relay_min_age,
                 batch=saga_app.settings.relay_batch,
+                after_publish=hook,
             )
             published[report.table] = report.published
         return published
+
+
+def _relay_fault_hook(saga_app: SagaApp) -> Callable[[Sequence[OutboundMessage]], None]:
+    """The ``saga_tasks.relay`` demo fault: die after publishing, before marking, once a saga."""
+    from saga_tasks import faults
+    from saga_tasks.persistence import sagas
+
+    def after_publish(published: Sequence[OutboundMessage]) -> None:
+        saga_ids = sorted({m.saga_id for m in published if m.saga_id})
+        if not saga_ids:
+            return
+        with saga_app.engine.connect() as conn:
+            for saga_id, payload in sagas.payloads(conn, saga_ids):
+                fault = faults.fault_for(payload, faults.RELAY, enabled=True)
+                if fault is None or fault.kind is not faults.FaultKind.CRASH_AFTER_PUBLISH:
+                    continue
+                if sagas.has_event(conn, saga_id, "demo_fault"):
+                    continue
+                sagas.append_note_if_exists(
+                    conn,
+                    saga_id,
+                    event="demo_fault",
+                    reason="outbox recovery killed after publishing, before marking published",
+                    message_id=None,
+                    now=saga_app.clock.now(),
+                )
+                conn.commit()
+                faults.crash("outbox recovery after publishing, before marking", saga_id=saga_id)
+
+    return after_publish
+
+
+def _deployment_id(settings: Any) -> str:
+    """A short digest naming one deployment (database and vhost), for keys in a shared Redis."""
+    import hashlib
+
+    from saga_tasks.config import mask_url
+
+    seed = f"{mask_url(settings.database_url)}|{mask_url(settings.broker_url)}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:12]
 
 
 def _register_handler(celery: Celery, runtime: ParticipantRuntime, handler: Handler) -> None:

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from saga_tasks import ReplyReceived, SagaState, Started, decide
-from saga_tasks.events import DeadlinePassed
 from saga_tasks.decider import Decision
 from saga_tasks.definitions import SagaDefinition, saga, step
+from saga_tasks.events import DeadlinePassed
 from saga_tasks.states import MessageKind, Outcome
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -58,7 +58,9 @@ class Driver:
         self.decisions: list[Decision] = []
         self._counter = 0
 
-    def apply(self, event: Started | ReplyReceived | DeadlinePassed, *, step: float = 0.01) -> Decision:
+    def apply(
+        self, event: Started | ReplyReceived | DeadlinePassed, *, step: float = 0.01
+    ) -> Decision:
         self.now += timedelta(seconds=step)
         decision = decide(self.definition, self.state, event, self.now)
         self.decisions.append(decision)

@@ -31,7 +31,9 @@ def timed_definitions(draw: st.DrawFn) -> SagaDefinition:
     n = draw(st.integers(min_value=1, max_value=4))
     steps = []
     for i in range(n):
-        parents = draw(st.sets(st.integers(min_value=0, max_value=i - 1), max_size=2)) if i else set()
+        parents = (
+            draw(st.sets(st.integers(min_value=0, max_value=i - 1), max_size=2)) if i else set()
+        )
         steps.append(
             step(
                 f"s{i}",
@@ -93,7 +95,9 @@ class SagaWorld(RuleBasedStateMachine):
                     self.effect[command.step] = False
                 entry = LedgerEntry(Outcome.SUCCESS)
             else:
-                outcome = data.draw(st.sampled_from([Outcome.SUCCESS, Outcome.SUCCESS, Outcome.FAILURE]))
+                outcome = data.draw(
+                    st.sampled_from([Outcome.SUCCESS, Outcome.SUCCESS, Outcome.FAILURE])
+                )
                 entry = LedgerEntry(outcome)
                 if outcome is Outcome.SUCCESS:
                     self.effect[command.step] = True
@@ -156,7 +160,9 @@ class SagaWorld(RuleBasedStateMachine):
                 st_ = state.steps[s.name]
                 # Kept on purpose: no compensation defined, or given up and by policy not undone.
                 if st_.status is StepStatus.TIMED_OUT:
-                    assert s.late_reply is not LateReplyPolicy.COMPENSATE, f"{s.name} given up, not undone"
+                    assert s.late_reply is not LateReplyPolicy.COMPENSATE, (
+                        f"{s.name} given up, not undone"
+                    )
                     continue
                 if st_.status is StepStatus.COMPENSATION_SKIPPED:
                     continue

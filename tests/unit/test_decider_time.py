@@ -10,7 +10,15 @@ from tests.unit.sagas import Driver
 def order_like(late_reply: str = "compensate", *, last_compensable: bool = True):
     return saga(
         "t",
-        step("a", "p.a", compensation="p.ua", queue="p.commands", timeout=10, retry=3, compensation_retry=2),
+        step(
+            "a",
+            "p.a",
+            compensation="p.ua",
+            queue="p.commands",
+            timeout=10,
+            retry=3,
+            compensation_retry=2,
+        ),
         step(
             "b",
             "p.b",
@@ -146,7 +154,11 @@ def test_unanswered_compensation_is_resent_then_needs_a_person():
 
 
 def test_saga_deadline_gives_up_what_is_in_flight_and_compensates():
-    d = Driver(saga("t", step("a", "p.a", compensation="p.ua", queue="q", timeout=100, retry=5), timeout=30))
+    d = Driver(
+        saga(
+            "t", step("a", "p.a", compensation="p.ua", queue="q", timeout=100, retry=5), timeout=30
+        )
+    )
     d.start()
     decision = d.tick(31)
     assert d.state.status is SagaStatus.COMPENSATING

@@ -1,0 +1,149 @@
+"""The timeout sweeper over real PostgreSQL and RabbitMQ, with a clock the test moves."""
+
+from __future__ import annotations
+
+import threading
+
+from saga_tasks.states import SagaStatus, StepStatus
+from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
+
+
+def create_and_advance_to_reserve(app, broker_url, key):
+    handle = app.start_saga("order", key, ORDER)
+    (create,) = drain(broker_url, "orders.commands")
+    run_command(app, create)
+    (reply,) = drain(broker_url, "saga.replies")
+    run_reply(app, reply)
+    return handle
+
+
+def events(app, saga_id):
+    return [r["event"] for r in rows(app.engine, "SELECT event FROM saga.saga_history WHERE saga_id = :s ORDER BY id", s=saga_id)]
+
+
+def test_no_answer_resends_then_gives_up_and_the_late_command_meets_a_tombstone(clocked_app, clock, settings):
+    app, url = clocked_app, settings.broker_url
+    handle = create_and_advance_to_reserve(app, url, "t-1")
+    (lost,) = drain(url, "inventory.commands")  # never answered
+    for attempt in (2, 3):
+        clock.advance(31)
+        report = app.orchestrator.sweep()
+        assert (report.claimed, report.changed, report.commands) == (1, 1, 1)
+        (again,) = drain(url, "inventory.commands")
+        assert again["headers"]["saga_command_id"] == lost["headers"]["saga_command_id"]
+        assert again["headers"]["id"] != lost["headers"]["id"]
+        assert again["headers"]["saga_attempt"] == attempt
+    clock.advance(31)
+    app.orchestrator.sweep()
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.COMPENSATING
+    assert state.steps["reserve_stock"].given_up
+    (release,) = drain(url, "inventory.commands")
+    assert release["headers"]["task"] == "inventory.release"
+    assert release["headers"]["saga_compensates"] == lost["headers"]["saga_command_id"]
+    # The compensation runs first and leaves a tombstone; the lost command then arrives.
+    run_command(app, release)
+    assert run_command(app, lost) == "duplicate"
+    pump(app, url)
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.COMPENSATED
+    assert scalar(app.engine, "SELECT count(*) FROM inventory.reservation") == 0
+    assert scalar(app.engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
+    assert scalar(app.engine, "SELECT status FROM orders.orders") == "CANCELLED"
+    history = events(app, handle.saga_id)
+    assert history.count("step_resent") == 2
+    assert "step_given_up" in history and "late_reply" in history
+    assert history[-1] == "saga_compensated"
+
+
+def test_a_quiet_sweep_touches_nothing(clocked_app, clock, settings):
+    handle = create_and_advance_to_reserve(clocked_app, settings.broker_url, "t-2")
+    version = clocked_app.orchestrator.get(handle.saga_id).version
+    clock.advance(5)
+    assert clocked_app.orchestrator.sweep().claimed == 0
+    assert clocked_app.orchestrator.get(handle.saga_id).version == version
+
+
+def test_two_sweepers_never_act_twice_on_one_saga(clocked_app, clock, settings):
+    app, url = clocked_app, settings.broker_url
+    sagas = 60
+    for i in range(sagas):
+        app.start_saga("order", f"t-s{i}", ORDER)
+    drain(url, "orders.commands")
+    clock.advance(31)
+    reports = []
+    barrier = threading.Barrier(2)
+
+    def sweep() -> None:
+        barrier.wait()
+        reports.append(app.orchestrator.sweep(batch=7))
+
+    threads = [threading.Thread(target=sweep) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.claimed for r in reports) == sagas
+    assert sum(r.changed for r in reports) == sagas
+    assert all(r.claimed for r in reports), "both sweepers took part"
+    assert scalar(app.engine, "SELECT count(*) FROM saga.saga_step WHERE step = 'create_order' AND attempt = 2") == sagas
+    assert scalar(app.engine, "SELECT count(*) FROM saga.saga_history WHERE event = 'step_resent'") == sagas
+    assert len(drain(url, "orders.commands", limit=1000)) == sagas
+
+
+def test_a_timeout_racing_a_success_makes_one_transition(clocked_app, clock, settings):
+    app, url = clocked_app, settings.broker_url
+    sagas = 30
+    handles = [app.start_saga("order", f"t-r{i}", ORDER) for i in range(sagas)]
+    for command in drain(url, "orders.commands", limit=1000):
+        run_command(app, command)
+    replies = drain(url, "saga.replies", limit=1000)
+    clock.advance(31)  # every create_order is due, and its success is on the way
+    done = threading.Event()
+
+    def deliver() -> None:
+        for reply in replies:
+            run_reply(app, reply)
+        done.set()
+
+    def sweep() -> None:
+        while not done.is_set():
+            app.orchestrator.sweep(batch=3)
+
+    threads = [threading.Thread(target=deliver), threading.Thread(target=sweep)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for handle in handles:
+        state = app.orchestrator.get(handle.saga_id)
+        assert state.steps["create_order"].status is StepStatus.SUCCEEDED
+        assert state.steps["reserve_stock"].status is StepStatus.REQUESTED
+        assert state.steps["reserve_stock"].attempt == 1
+        assert events(app, handle.saga_id).count("step_succeeded") == 1
+    # The next step was sent once per saga, whichever of the two came first.
+    assert len(drain(url, "inventory.commands", limit=1000)) == sagas
+
+
+def test_the_saga_deadline_compensates_what_succeeded(clocked_app, clock, settings):
+    app, url = clocked_app, settings.broker_url
+    handle = create_and_advance_to_reserve(app, url, "t-d")
+    (reserve,) = drain(url, "inventory.commands")
+    run_command(app, reserve)
+    run_reply(app, drain(url, "saga.replies")[0])
+    drain(url, "payments.commands")  # authorize never answers
+    clock.advance(601)
+    app.orchestrator.sweep()
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.COMPENSATING
+    assert state.reason == "the saga's deadline passed"
+    pump(app, url)
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.COMPENSATED
+    assert [s.status for s in state.steps.values()] == [
+        StepStatus.COMPENSATED,
+        StepStatus.COMPENSATED,
+        StepStatus.COMPENSATED,
+        StepStatus.SKIPPED,
+    ]
+    assert scalar(app.engine, "SELECT count(*) FROM payments.authorization") == 0
