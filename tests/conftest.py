@@ -196,9 +196,9 @@ class Workers:
         self.started.append(worker)
         return worker.start(wait=wait)
 
-    def beat(self) -> WorkerProcess:
+    def beat(self, name: str = "beat") -> WorkerProcess:
         worker = WorkerProcess(
-            "participants.app", name="beat", env=self.env(), log_dir=self.log_dir, role="beat"
+            "participants.app", name=name, env=self.env(), log_dir=self.log_dir, role="beat"
         )
         self.started.append(worker)
         return worker.start()
