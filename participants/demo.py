@@ -20,10 +20,9 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from sqlalchemy import func, select, text
 
 from saga_tasks.config import Settings, mask_url
 from saga_tasks.errors import SagaTasksError
-from saga_tasks.ops.processes import WorkerProcess, wait_for
+from saga_tasks.ops.processes import Supervisor, WorkerProcess
 from saga_tasks.states import TERMINAL_SAGA, SagaStatus
 
 STATE_DIR = Path(".demo")
@@ -83,108 +82,57 @@ def payload_for(path: str, rng: random.Random) -> dict[str, Any]:
     return payload
 
 
-class Supervisor:
-    """Starts the demo's processes, restarts those that die, stops them all at the end."""
-
-    def __init__(
-        self, env: dict[str, str], log_dir: Path, flower_port: int, flower_address: str
-    ) -> None:
-        self.env = env
-        self.log_dir = log_dir
-        self.processes: list[WorkerProcess] = []
-        self.restarts = 0
-        self._stop = threading.Event()
-        self._watch: threading.Thread | None = None
-        app = "participants.app"
-        # Two inventory workers on one queue: when the crash fault kills one,
-        # the other keeps the queue moving and gets the dead one's unacked messages.
-        queues = {
-            "orchestrator": (["saga.replies", "saga.maintenance"], "prefork", 2),
-            "orders": (["orders.commands"], "solo", 1),
-            "inventory-a": (["inventory.commands"], "solo", 1),
-            "inventory-b": (["inventory.commands"], "solo", 1),
-            "payments": (["payments.commands"], "prefork", 2),
-        }
-        for name, (qs, pool, concurrency) in queues.items():
-            self.processes.append(
-                WorkerProcess(
-                    app,
-                    queues=qs,
-                    name=name,
-                    pool=pool,
-                    concurrency=concurrency,
-                    env=env,
-                    log_dir=log_dir,
-                    extra_args=("-E",),
-                )
-            )
-        self.processes.append(
-            WorkerProcess(app, name="beat", env=env, log_dir=log_dir, role="beat")
+def demo_processes(
+    env: dict[str, str], log_dir: Path, flower_port: int, flower_address: str
+) -> list[WorkerProcess]:
+    """The orchestrator, a worker per participant queue (two on inventory), beat, Flower."""
+    app = "participants.app"
+    # Two inventory workers on one queue: when the crash fault kills one,
+    # the other keeps the queue moving and gets the dead one's unacked messages.
+    queues = {
+        "orchestrator": (["saga.replies", "saga.maintenance"], "prefork", 2),
+        "orders": (["orders.commands"], "solo", 1),
+        "inventory-a": (["inventory.commands"], "solo", 1),
+        "inventory-b": (["inventory.commands"], "solo", 1),
+        "payments": (["payments.commands"], "prefork", 2),
+    }
+    processes = [
+        WorkerProcess(
+            app,
+            queues=qs,
+            name=name,
+            pool=pool,
+            concurrency=concurrency,
+            env=env,
+            log_dir=log_dir,
+            extra_args=("-E",),
         )
-        flower_args = [f"--port={flower_port}", f"--address={flower_address}"]
-        if _management_api():
-            flower_args.append("--broker_api=http://guest:guest@127.0.0.1:15672/api/")
-        self.processes.append(
-            WorkerProcess(
-                app, name="flower", env=env, log_dir=log_dir, role="flower", extra_args=flower_args
-            )
+        for name, (qs, pool, concurrency) in queues.items()
+    ]
+    processes.append(WorkerProcess(app, name="beat", env=env, log_dir=log_dir, role="beat"))
+    flower_args = [f"--port={flower_port}", f"--address={flower_address}"]
+    if _management_api():
+        flower_args.append("--broker_api=http://guest:guest@127.0.0.1:15672/api/")
+    processes.append(
+        WorkerProcess(
+            app, name="flower", env=env, log_dir=log_dir, role="flower", extra_args=flower_args
         )
-
-    def start(self) -> None:
-        for process in self.processes:
-            process.start(wait=False)
-        self._save_pids()
-        for process in self.processes:
-            wait_for(
-                lambda p=process: _ready(p),  # type: ignore[misc]
-                timeout=90,
-                interval=0.2,
-                describe=f"{process.name} to start (log: {process.log_path})",
-            )
-        self._watch = threading.Thread(target=self._supervise, daemon=True)
-        self._watch.start()
-
-    def _supervise(self) -> None:
-        while not self._stop.wait(0.5):
-            for process in self.processes:
-                if not process.alive() and not self._stop.is_set():
-                    self.restarts += 1
-                    print(
-                        f"\n  {process.name} died (exit {_code(process)}); restarting it",
-                        flush=True,
-                    )
-                    process.start(wait=False)
-                    self._save_pids()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._watch is not None:
-            self._watch.join(timeout=5)
-        for process in reversed(self.processes):
-            process.stop(timeout=15)
-        with contextlib.suppress(FileNotFoundError):
-            PIDS.unlink()
-
-    def _save_pids(self) -> None:
-        STATE_DIR.mkdir(exist_ok=True)
-        PIDS.write_text(
-            json.dumps({p.name: p.pid for p in self.processes if p.process is not None})
-        )
+    )
+    return processes
 
 
-def _ready(process: WorkerProcess) -> bool:
-    if not process.alive():
-        raise RuntimeError(f"{process.name} exited during start-up:\n{process.tail()}")
-    marker = {"worker": " ready.", "beat": "beat: Starting", "flower": "Visit me at"}[process.role]
-    return marker in process.log_text()
+def _save_pids(processes: Sequence[WorkerProcess]) -> None:
+    STATE_DIR.mkdir(exist_ok=True)
+    PIDS.write_text(json.dumps({p.name: p.pid for p in processes if p.process is not None}))
 
 
-def _code(process: WorkerProcess) -> str:
-    return str(process.process.returncode) if process.process is not None else "?"
+def _announce_restart(process: WorkerProcess) -> None:
+    code = process.process.returncode if process.process is not None else "?"
+    print(f"\n  {process.name} died (exit {code}); restarting it", flush=True)
 
 
 def _management_api() -> bool:
-    from saga_tasks.testing import RabbitAdmin
+    from saga_tasks.ops.isolation import RabbitAdmin
 
     return RabbitAdmin().available()
 
@@ -240,7 +188,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"PostgreSQL {mask_url(settings.database_url)}")
     print(f"RabbitMQ   {mask_url(settings.broker_url)}")
     log_dir = STATE_DIR / "logs"
-    supervisor = Supervisor(env, log_dir, args.flower_port, args.flower_address)
+    supervisor = Supervisor(
+        demo_processes(env, log_dir, args.flower_port, args.flower_address),
+        on_restart=_announce_restart,
+        on_change=_save_pids,
+    )
     print("starting orchestrator, orders, inventory and payments workers, beat and Flower ...")
 
     def on_term(signum: int, frame: Any) -> None:
@@ -270,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         supervisor.stop()
+        with contextlib.suppress(FileNotFoundError):
+            PIDS.unlink()
         print("stopped every process the demo started")
 
 

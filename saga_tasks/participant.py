@@ -215,10 +215,12 @@ class ParticipantRuntime:
             "participant": self.participant.name,
             "correlation_id": command.correlation_id,
         }
+        # First execution only: never on a redelivery or a re-send after a timeout.
+        fresh = not redelivered and command.attempt == 1
         fault = (
-            None
-            if redelivered
-            else faults.fault_for(command.payload, handler.task_name, self.demo_faults)
+            faults.fault_for(command.payload, handler.task_name, self.demo_faults)
+            if fresh
+            else None
         )
         with translated(str(engine.url)), engine.begin() as conn:
             reply, duplicate = self._handle(conn, handler, command, fault, fields)

@@ -286,5 +286,26 @@ def invalid(obj: _Context, limit: int, as_json: bool) -> None:
     _emit(view, as_json, render)
 
 
+@main.command(
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],
+    }
+)
+@click.pass_context
+def chaos(ctx: click.Context) -> None:
+    """Run order sagas under injected faults and random SIGKILLs, then check invariants.
+
+    Options: --sagas N --seconds S --kill-every S --json --here --keep (see --help).
+    """
+    try:
+        from participants.chaos import main as chaos_main
+    except ImportError as exc:
+        _fail(f"the chaos run needs the example participants: {exc}", EXIT_CONFIG)
+    with _errors():
+        sys.exit(chaos_main(ctx.args))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -74,6 +75,7 @@ class WorkerProcess:
         self.extra_args = tuple(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._marker_offset = 0
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def command(self) -> list[str]:
@@ -118,20 +120,25 @@ class WorkerProcess:
             start_new_session=True,
         )
         log_file.close()
+        self._marker_offset = marker_offset
         if wait:
-            ready = _READY[self.role]
-
-            def is_ready() -> bool:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
-                    )
-                with self.log_path.open("rb") as f:
-                    f.seek(marker_offset)
-                    return ready.encode() in f.read()
-
-            wait_for(is_ready, timeout=timeout, interval=0.1, describe=f"{self.name} ready")
+            self.wait_ready(timeout=timeout)
         return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait for the line that says this start is ready; raise if the process exits."""
+        ready = _READY[self.role].encode()
+
+        def is_ready() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
+                )
+            with self.log_path.open("rb") as f:
+                f.seek(self._marker_offset)
+                return ready in f.read()
+
+        wait_for(is_ready, timeout=timeout, interval=0.1, describe=f"{self.name} ready")
 
     @property
     def pid(self) -> int:
@@ -174,3 +181,63 @@ class WorkerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+class Supervisor:
+    """Keeps a set of processes running: starts them, restarts any that dies, stops all.
+
+    ``on_restart(process)`` is called for each restart (progress lines, counters);
+    ``on_change(processes)`` whenever a pid changes (a pid file for ``--stop``).
+    """
+
+    def __init__(
+        self,
+        processes: Sequence[WorkerProcess],
+        *,
+        on_restart: Callable[[WorkerProcess], None] | None = None,
+        on_change: Callable[[Sequence[WorkerProcess]], None] | None = None,
+    ) -> None:
+        self.processes = list(processes)
+        self.restarts = 0
+        self._on_restart = on_restart
+        self._on_change = on_change
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._watch: threading.Thread | None = None
+
+    def start(self, timeout: float = 90.0) -> None:
+        for process in self.processes:
+            process.start(wait=False)
+        self._changed()
+        for process in self.processes:
+            process.wait_ready(timeout=timeout)
+        self._watch = threading.Thread(target=self._supervise, daemon=True, name="supervisor")
+        self._watch.start()
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(0.3):
+            with self._lock:
+                for process in self.processes:
+                    if self._stop.is_set() or process.alive():
+                        continue
+                    self.restarts += 1
+                    if self._on_restart is not None:
+                        self._on_restart(process)
+                    process.start(wait=False)
+                    self._changed()
+
+    def kill(self, process: WorkerProcess, sig: int = signal.SIGKILL) -> None:
+        """Kill one supervised process; it is restarted like any that dies."""
+        with self._lock:
+            process.kill(sig)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5)
+        for process in reversed(self.processes):
+            process.stop(timeout=15)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.processes)

@@ -38,7 +38,11 @@ def test_payment_timeout_late_success_is_compensated(fast_app, workers):
     assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
     assert scalar(engine, "SELECT status FROM orders.orders") == "CANCELLED"
     events = wait_for(
-        lambda: (h := [e["event"] for e in history(fast_app, handle.saga_id)]) and "late_reply" in h and h,
+        lambda: (
+            (h := [e["event"] for e in history(fast_app, handle.saga_id)])
+            and "late_reply" in h
+            and h
+        ),
         timeout=30,
         describe="the late success to be recorded",
     )
@@ -60,7 +64,13 @@ def test_orchestrator_killed_during_compensation(fast_app, workers):
     payload = {**ORDER, "customer_id": "c-low", "demo_faults": {"inventory.release": "slow:1"}}
     handles = [fast_app.start_saga("order", f"kc-{i}", payload) for i in range(4)]
     wait_for(
-        lambda: scalar(fast_app.engine, "SELECT count(*) FROM saga.saga_instance WHERE status = 'COMPENSATING'") >= 2,
+        lambda: (
+            scalar(
+                fast_app.engine,
+                "SELECT count(*) FROM saga.saga_instance WHERE status = 'COMPENSATING'",
+            )
+            >= 2
+        ),
         timeout=30,
         describe="sagas compensating",
     )
@@ -68,12 +78,22 @@ def test_orchestrator_killed_during_compensation(fast_app, workers):
     workers.orchestrator()
     for handle in handles:
         state = wait_for_status(fast_app, handle.saga_id, [SagaStatus.COMPENSATED], timeout=60)
-        assert [s.status.value for s in state.steps.values()] == ["COMPENSATED", "COMPENSATED", "FAILED", "SKIPPED"]
+        assert [s.status.value for s in state.steps.values()] == [
+            "COMPENSATED",
+            "COMPENSATED",
+            "FAILED",
+            "SKIPPED",
+        ]
     engine = fast_app.engine
-    assert scalar(engine, "SELECT count(*) FROM inventory.reservation WHERE status = 'RELEASED'") == 4
+    assert (
+        scalar(engine, "SELECT count(*) FROM inventory.reservation WHERE status = 'RELEASED'") == 4
+    )
     assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
     assert scalar(engine, "SELECT count(*) FROM orders.orders WHERE status = 'CANCELLED'") == 4
-    assert scalar(engine, "SELECT count(*) FROM inventory.command_ledger WHERE kind = 'compensation'") == 4
+    assert (
+        scalar(engine, "SELECT count(*) FROM inventory.command_ledger WHERE kind = 'compensation'")
+        == 4
+    )
 
 
 def test_orchestrator_killed_after_commit_before_publish(order_app, workers):
@@ -86,7 +106,9 @@ def test_orchestrator_killed_after_commit_before_publish(order_app, workers):
     # Committed: reserve_stock succeeded and authorize_payment is requested; not published.
     state = order_app.orchestrator.get(handle.saga_id)
     assert state.steps["authorize_payment"].status.value == "REQUESTED"
-    assert scalar(order_app.engine, "SELECT count(*) FROM saga.outbox WHERE published_at IS NULL") == 1
+    assert (
+        scalar(order_app.engine, "SELECT count(*) FROM saga.outbox WHERE published_at IS NULL") == 1
+    )
     workers.orchestrator()
     wait_for_status(order_app, handle.saga_id, [SagaStatus.COMPLETED], timeout=60)
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.outbox WHERE recovered") == 1
@@ -117,7 +139,10 @@ def test_relay_killed_after_publish_before_marking(order_app, workers):
     # The inventory reply is left to recovery; recovery dies after publishing it, once.
     payload = {
         **ORDER,
-        "demo_faults": {"inventory.reserve": "crash_after_commit", "saga_tasks.relay": "crash_after_publish"},
+        "demo_faults": {
+            "inventory.reserve": "crash_after_commit",
+            "saga_tasks.relay": "crash_after_publish",
+        },
     }
     handle = order_app.start_saga("order", "cp-3", payload)
     wait_for(lambda: not inventory.alive(), timeout=30, describe="the inventory worker to die")
@@ -140,11 +165,23 @@ def test_relay_killed_after_publish_before_marking(order_app, workers):
 def test_a_standby_beat_takes_over_when_the_active_one_is_killed(order_app, workers):
     workers.start("maintenance", ["saga.maintenance"])
     first = workers.beat("beat-a")
-    wait_for(lambda: "Acquired lock" in first.log_text(), timeout=30, describe="the first beat to lead")
+    wait_for(
+        lambda: "Acquired lock" in first.log_text(), timeout=30, describe="the first beat to lead"
+    )
     second = workers.beat("beat-b")
-    wait_for(lambda: "Sending due task" in first.log_text(), timeout=30, describe="the leader to send")
+    wait_for(
+        lambda: "Sending due task" in first.log_text(), timeout=30, describe="the leader to send"
+    )
     assert "Acquired lock" not in second.log_text(), "two beats hold the lease"
     assert "Sending due task" not in second.log_text()
     first.kill(signal.SIGKILL)
-    wait_for(lambda: "Acquired lock" in second.log_text(), timeout=30, describe="the standby to take the lease")
-    wait_for(lambda: "Sending due task saga-timeout-sweep" in second.log_text(), timeout=30, describe="the standby to sweep")
+    wait_for(
+        lambda: "Acquired lock" in second.log_text(),
+        timeout=30,
+        describe="the standby to take the lease",
+    )
+    wait_for(
+        lambda: "Sending due task saga-timeout-sweep" in second.log_text(),
+        timeout=30,
+        describe="the standby to sweep",
+    )

@@ -18,10 +18,19 @@ def create_and_advance_to_reserve(app, broker_url, key):
 
 
 def events(app, saga_id):
-    return [r["event"] for r in rows(app.engine, "SELECT event FROM saga.saga_history WHERE saga_id = :s ORDER BY id", s=saga_id)]
+    return [
+        r["event"]
+        for r in rows(
+            app.engine,
+            "SELECT event FROM saga.saga_history WHERE saga_id = :s ORDER BY id",
+            s=saga_id,
+        )
+    ]
 
 
-def test_no_answer_resends_then_gives_up_and_the_late_command_meets_a_tombstone(clocked_app, clock, settings):
+def test_no_answer_resends_then_gives_up_and_the_late_command_meets_a_tombstone(
+    clocked_app, clock, settings
+):
     app, url = clocked_app, settings.broker_url
     handle = create_and_advance_to_reserve(app, url, "t-1")
     (lost,) = drain(url, "inventory.commands")  # never answered
@@ -86,8 +95,17 @@ def test_two_sweepers_never_act_twice_on_one_saga(clocked_app, clock, settings):
     assert sum(r.claimed for r in reports) == sagas
     assert sum(r.changed for r in reports) == sagas
     assert all(r.claimed for r in reports), "both sweepers took part"
-    assert scalar(app.engine, "SELECT count(*) FROM saga.saga_step WHERE step = 'create_order' AND attempt = 2") == sagas
-    assert scalar(app.engine, "SELECT count(*) FROM saga.saga_history WHERE event = 'step_resent'") == sagas
+    assert (
+        scalar(
+            app.engine,
+            "SELECT count(*) FROM saga.saga_step WHERE step = 'create_order' AND attempt = 2",
+        )
+        == sagas
+    )
+    assert (
+        scalar(app.engine, "SELECT count(*) FROM saga.saga_history WHERE event = 'step_resent'")
+        == sagas
+    )
     assert len(drain(url, "orders.commands", limit=1000)) == sagas
 
 
