@@ -378,7 +378,9 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument("--keep", action="store_true", help="keep the chaos vhost and database")
     parser.add_argument("--log-dir", default=".chaos/logs")
-    parser.add_argument("--prefix", default="saga_chaos_", help="name prefix of its vhost and database")
+    parser.add_argument(
+        "--prefix", default="saga_chaos_", help="name prefix of its vhost and database"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,7 +37,12 @@ def test_a_short_chaos_run_breaks_no_invariant(tmp_path, template_database):
     report = json.loads(result.stdout)
     assert report["violations"] == []
     assert sum(report["found"]["statuses"].values()) == 60
-    assert set(report["found"]["statuses"]) <= {"COMPLETED", "COMPENSATED", "MANUAL_REVIEW", "FAILED"}
+    assert set(report["found"]["statuses"]) <= {
+        "COMPLETED",
+        "COMPENSATED",
+        "MANUAL_REVIEW",
+        "FAILED",
+    }
     assert sum(report["injected"]["kills"].values()) >= 3
     assert report["injected"]["restarts"] >= sum(report["injected"]["kills"].values())
 
