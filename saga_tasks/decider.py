@@ -233,6 +233,15 @@ class _Transition:
                     f"compensation of step {name!r} was refused: {_error_text(event)}"
                 )
             return
+        if success and st.status is StepStatus.COMPENSATION_FAILED and st.error == "no_answer":
+            self.classification = Classification.LATE
+            self.note(
+                "late_reply",
+                step=name,
+                message_id=event.message_id,
+                reason="late compensation success: the step is undone; an operator can resolve",
+            )
+            return
         if (success and st.status is StepStatus.COMPENSATED) or (
             not success and st.status is StepStatus.COMPENSATION_FAILED
         ):

@@ -15,11 +15,15 @@ export SAGA_BROKER_URL="${SAGA_BROKER_URL:-amqp://guest:guest@127.0.0.1:5672/sag
 export SAGA_RESULT_BACKEND="${SAGA_RESULT_BACKEND:-redis://127.0.0.1:6379/1}"
 
 if [ "${1:-}" = "--stop" ]; then
-  [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -m participants.demo --stop
+  if [ -x "$ROOT/.venv/bin/python" ]; then
+    "$ROOT/.venv/bin/python" -m participants.demo --stop || true
+  fi
   stop_started_services
   exit 0
 fi
 
+# Whatever happens from here (Ctrl-C, a failure), the services this run started stop.
+trap stop_started_services EXIT
 ensure_services
 ensure_venv
 ensure_vhost saga_demo
@@ -27,7 +31,4 @@ say "migrating $SAGA_DATABASE_URL"
 saga-tasks db upgrade
 saga-tasks broker declare >/dev/null
 say "running the demo"
-status=0
-python -m participants.demo "$@" || status=$?
-stop_started_services
-exit "$status"
+python -m participants.demo "$@"

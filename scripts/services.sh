@@ -11,7 +11,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="$ROOT/.demo"
 mkdir -p "$STATE"
-: > "$STATE/started-services.new"
 
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -40,7 +39,7 @@ wait_port() {
   die "$name did not open port $port"
 }
 
-started() { echo "$1" >> "$STATE/started-services.new"; }
+started() { echo "$1" >> "$STATE/started-services"; }
 
 ensure_base_tools() {
   local missing=()
@@ -63,9 +62,12 @@ ensure_postgres() {
     else
       command -v pg_ctlcluster >/dev/null || apt_install postgresql postgresql-client
       local version
-      version=$(ls /etc/postgresql | sort -V | tail -n 1)
-      say "starting PostgreSQL $version"
-      pg_ctlcluster --skip-systemctl-redirect "$version" main start
+      version=$(find /etc/postgresql -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -n 1)
+      # Installing the package may have started the cluster already (a VM with systemd).
+      if ! pg_ctlcluster "$version" main status >/dev/null 2>&1; then
+        say "starting PostgreSQL $version"
+        pg_ctlcluster --skip-systemctl-redirect "$version" main start
+      fi
       started "pg:$version"
     fi
     wait_port 5432 PostgreSQL
@@ -76,8 +78,8 @@ ensure_postgres() {
   if ! PGPASSWORD=saga_tasks psql -h 127.0.0.1 -U saga_tasks -d postgres -Atc 'SELECT 1' >/dev/null 2>&1; then
     say "creating PostgreSQL role saga_tasks"
     local sql="DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'saga_tasks') THEN CREATE ROLE saga_tasks LOGIN CREATEDB PASSWORD 'saga_tasks'; ELSE ALTER ROLE saga_tasks LOGIN CREATEDB PASSWORD 'saga_tasks'; END IF; END \$\$;"
-    if id postgres >/dev/null 2>&1 && runuser -u postgres -- psql -Atc 'SELECT 1' >/dev/null 2>&1; then
-      runuser -u postgres -- psql -q -c "$sql"
+    if id postgres >/dev/null 2>&1 && (cd / && runuser -u postgres -- psql -Atc 'SELECT 1') >/dev/null 2>&1; then
+      (cd / && runuser -u postgres -- psql -q -c "$sql")
     else
       psql -h 127.0.0.1 -U postgres -d postgres -q -c "$sql"
     fi
@@ -131,21 +133,22 @@ ensure_services() {
   ensure_postgres
   ensure_rabbitmq
   ensure_redis
-  cat "$STATE/started-services.new" >> "$STATE/started-services"
-  rm -f "$STATE/started-services.new"
 }
 
 stop_started_services() {
   [ -f "$STATE/started-services" ] || return 0
-  while read -r service; do
+  # The list is read on fd 3: tools such as rabbitmqctl read stdin and would eat it.
+  while read -r service <&3; do
     case "$service" in
-      docker:*) docker compose -f "$ROOT/compose.yml" stop "${service#docker:}" >/dev/null 2>&1 || true ;;
-      pg:*) pg_ctlcluster --skip-systemctl-redirect "${service#pg:}" main stop || true ;;
-      rabbitmq) rabbitmqctl stop >/dev/null 2>&1 || true ;;
-      redis) redis-cli -p 6379 shutdown nosave >/dev/null 2>&1 || true ;;
+      docker:*) docker compose -f "$ROOT/compose.yml" stop "${service#docker:}" </dev/null >/dev/null 2>&1 || true ;;
+      pg:*) pg_ctlcluster --skip-systemctl-redirect "${service#pg:}" main stop </dev/null || true ;;
+      rabbitmq)
+        rabbitmqctl stop </dev/null >/dev/null 2>&1 || true
+        epmd -kill </dev/null >/dev/null 2>&1 || true ;;
+      redis) redis-cli -p 6379 shutdown nosave </dev/null >/dev/null 2>&1 || true ;;
     esac
     say "stopped $service"
-  done < "$STATE/started-services"
+  done 3< "$STATE/started-services"
   rm -f "$STATE/started-services"
 }
 

@@ -8,8 +8,8 @@ set -euo pipefail
 source "$(dirname "$0")/services.sh"
 cd "$ROOT"
 
-ensure_services
 trap stop_started_services EXIT
+ensure_services
 ensure_venv dev
 export SAGA_TEST_ADMIN_URL="${SAGA_TEST_ADMIN_URL:-postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres}"
 

@@ -40,6 +40,8 @@ def assert_each_effect_once(app, sagas: int) -> None:
 def test_orchestrator_killed_mid_saga_and_restarted(order_app, workers):
     sagas = 30
     orchestrator = workers.orchestrator(pool="prefork", concurrency=2)
+    # Beat too: a kill between a commit and its publish leaves rows only recovery sends.
+    workers.beat()
     workers.participants()
     payload = {**ORDER, "demo_faults": {"payments.authorize": "slow:0.1"}}
     handles = [order_app.start_saga("order", f"k-{i}", payload) for i in range(sagas)]

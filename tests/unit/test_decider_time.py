@@ -175,3 +175,17 @@ def test_a_success_that_beats_the_sweep_wins():
     decision = d.tick(0)
     assert decision.commands == () or all(c.step == "b" for c in decision.commands)
     assert d.state.steps["a"].attempt == 1
+
+
+def test_a_compensation_answering_after_it_was_given_up_is_late():
+    d = Driver(order_like())
+    d.start()
+    d.succeed("a")
+    d.fail("b")
+    d.tick(11)
+    d.tick(11)
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    decision = d.compensated("a")
+    assert decision.classification is Classification.LATE
+    assert "step is undone" in decision.history[0].reason
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
