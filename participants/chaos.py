@@ -42,16 +42,21 @@ from sqlalchemy import func, select, text
 from saga_tasks.config import Settings
 from saga_tasks.ops.processes import Supervisor, WorkerProcess, wait_for
 
-TIME_SCALE = 0.05
-"""Order saga timeouts in a chaos run: create 1.5 s, authorize 3 s, saga 30 s."""
+TIME_SCALE = 0.2
+"""Order saga timeouts in a chaos run: create 6 s, authorize 12 s, saga 120 s.
+
+Short enough that timeouts, re-sends and late replies happen within a run; long
+enough that a worker restarted after a SIGKILL (about a second) does not turn every
+step in its queue into a timeout on a two-core machine.
+"""
 
 FAULTS: tuple[tuple[str, dict[str, str] | None, int], ...] = (
-    ("none", None, 52),
+    ("none", None, 53),
     ("declined", None, 6),
     ("out_of_stock", None, 6),
     ("duplicate_reply", {"inventory.reserve": "duplicate_reply"}, 5),
-    ("slow_reply", {"payments.authorize": "slow:1"}, 5),
-    ("late_reply", {"payments.authorize": "slow:10"}, 3),
+    ("slow_reply", {"payments.authorize": "slow:2"}, 5),
+    ("slower_than_its_timeout", {"payments.authorize": "slow:15"}, 2),
     ("participant_crash_after_commit", {"orders.create": "crash_after_commit"}, 4),
     ("participant_crash_before_commit", {"payments.authorize": "crash_before_commit"}, 3),
     ("compensation_slow", {"inventory.release": "slow:2"}, 3),
@@ -87,7 +92,7 @@ def chaos_processes(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
         ("maintenance", ["saga.maintenance"], "solo", 1),
         ("orders", ["orders.commands"], "solo", 1),
         ("inventory", ["inventory.commands"], "solo", 1),
-        ("payments", ["payments.commands"], "prefork", 2),
+        ("payments", ["payments.commands"], "prefork", 4),
     ]
     processes = [
         WorkerProcess(app, queues=q, name=n, pool=p, concurrency=c, env=env, log_dir=log_dir)
@@ -113,6 +118,35 @@ def payload_for(kind: str, faults: dict[str, str] | None, rng: random.Random) ->
     if faults:
         payload["demo_faults"] = dict(faults)
     return payload
+
+
+OBSERVED_EVENTS = (
+    "step_resent",
+    "step_given_up",
+    "compensation_resent",
+    "late_reply",
+    "duplicate_reply",
+    "duplicate_message",
+    "conflicting_reply",
+    "invalid_message",
+    "manual_review",
+    "demo_fault",
+)
+
+
+def observed(engine: Any) -> dict[str, int]:
+    """What the history and the outboxes show happened: re-sends, late and duplicate replies."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT event, count(*) FROM saga.saga_history WHERE event = ANY(:e) GROUP BY 1"),
+            {"e": list(OBSERVED_EVENTS)},
+        )
+        found = dict.fromkeys(OBSERVED_EVENTS, 0) | {r[0]: r[1] for r in rows}
+        found["outbox_rows_recovered"] = sum(
+            int(conn.execute(text(f"SELECT count(*) FROM {s}.outbox WHERE recovered")).scalar_one())  # noqa: S608
+            for s in ("saga", "orders", "inventory", "payments")
+        )
+    return found
 
 
 def check_invariants(engine: Any) -> tuple[list[str], dict[str, int]]:
@@ -313,7 +347,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
             "kills": dict(injected.kills),
             "restarts": injected.restarts,
         },
-        "found": {"statuses": statuses},
+        "found": {"statuses": statuses, "events": observed(saga_app.engine)},
         "violations": violations,
     }
     if args.json:
@@ -358,6 +392,8 @@ def _print_report(report: dict[str, Any]) -> None:
     print("found")
     for status, n in sorted(report["found"]["statuses"].items()):
         print(f"  {status:<34} {n:>5}")
+    for event, n in report["found"]["events"].items():
+        print(f"  {event:<34} {n:>5}")
     if report["violations"]:
         print(f"\n{len(report['violations'])} VIOLATIONS")
         for line in report["violations"][:50]:
@@ -370,7 +406,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--sagas", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=300.0, help="budget for the sagas to end")
     parser.add_argument("--kill-every", type=float, default=3.0, help="seconds between SIGKILLs")
-    parser.add_argument("--interval", type=float, default=0.02, help="seconds between starts")
+    parser.add_argument("--interval", type=float, default=0.08, help="seconds between starts")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--json", action="store_true")
     parser.add_argument(

@@ -509,7 +509,8 @@ class _Transition:
     # -- endings and anomalies ------------------------------------------------------------
 
     def finish(self, status: SagaStatus, event: str) -> None:
-        self.set_status(status, None)
+        # A compensated saga keeps the reason it was compensated for.
+        self.set_status(status, self.reason if status is SagaStatus.COMPENSATED else None)
         self.finished_at = self.now
         self.note(event)
 
