@@ -337,6 +337,9 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
     finally:
         stop_killing.set()
         supervisor.stop()
+        from saga_tasks.tasks import forget_beat_state
+
+        forget_beat_state(saga_app.settings)
     violations, statuses = check_invariants(saga_app.engine)
     elapsed = time.monotonic() - started_at
     report = {

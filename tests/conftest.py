@@ -223,6 +223,12 @@ def workers(
     pool = Workers(isolation, tmp_path / "logs")
     yield pool
     pool.stop_all()
+    from saga_tasks import Settings
+    from saga_tasks.tasks import forget_beat_state
+
+    forget_beat_state(
+        Settings.from_env({}, database_url=isolation.database_url, broker_url=isolation.broker_url)
+    )
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         for worker in pool.started:

@@ -81,7 +81,7 @@ def build_celery(saga_app: SagaApp) -> Celery:
         # lease of a dead one runs out (celery-redbeat).
         beat_scheduler="redbeat.RedBeatScheduler",
         redbeat_redis_url=settings.result_backend,
-        redbeat_key_prefix=f"saga_tasks:beat:{_deployment_id(settings)}:",
+        redbeat_key_prefix=beat_key_prefix(settings),
         redbeat_lock_timeout=int(max(settings.beat_lock_timeout, 2)),
         beat_max_loop_interval=max(1.0, min(settings.sweep_interval, settings.relay_interval)),
     )
@@ -175,14 +175,27 @@ def _relay_fault_hook(saga_app: SagaApp) -> Callable[[Sequence[OutboundMessage]]
     return after_publish
 
 
-def _deployment_id(settings: Any) -> str:
-    """A short digest naming one deployment (database and vhost), for keys in a shared Redis."""
+def beat_key_prefix(settings: Any) -> str:
+    """Redis key prefix of this deployment's beat: a digest of its database and vhost,
+    so deployments (and test runs) sharing one Redis never share a schedule or a lease."""
     import hashlib
 
     from saga_tasks.config import mask_url
 
     seed = f"{mask_url(settings.database_url)}|{mask_url(settings.broker_url)}"
-    return hashlib.sha256(seed.encode()).hexdigest()[:12]
+    return f"saga_tasks:beat:{hashlib.sha256(seed.encode()).hexdigest()[:12]}:"
+
+
+def forget_beat_state(settings: Any) -> int:
+    """Delete this deployment's beat schedule and lease from Redis; the count deleted."""
+    import redis
+
+    client = redis.Redis.from_url(settings.result_backend)
+    try:
+        keys = list(client.scan_iter(match=beat_key_prefix(settings) + "*", count=500))
+        return int(client.delete(*keys)) if keys else 0
+    finally:
+        client.close()
 
 
 def _register_handler(celery: Celery, runtime: ParticipantRuntime, handler: Handler) -> None:
