@@ -41,6 +41,12 @@ wait_port() {
 
 started() { echo "$1" >> "$STATE/started-services"; }
 
+compose_up() {
+  say "starting $2 with docker compose"
+  docker compose -f "$ROOT/compose.yml" up -d "$1" >/dev/null
+  started "docker:$1"
+}
+
 ensure_base_tools() {
   local missing=()
   command -v python3 >/dev/null || missing+=(python3)
@@ -56,9 +62,7 @@ PY
 ensure_postgres() {
   if ! port_open 5432; then
     if have_docker_engine; then
-      say "starting PostgreSQL with docker compose"
-      docker compose -f "$ROOT/compose.yml" up -d postgres >/dev/null
-      started "docker:postgres"
+      compose_up postgres PostgreSQL
     else
       command -v pg_ctlcluster >/dev/null || apt_install postgresql postgresql-client
       local version
@@ -91,9 +95,7 @@ ensure_postgres() {
 ensure_rabbitmq() {
   if ! port_open 5672; then
     if have_docker_engine; then
-      say "starting RabbitMQ with docker compose"
-      docker compose -f "$ROOT/compose.yml" up -d rabbitmq >/dev/null
-      started "docker:rabbitmq"
+      compose_up rabbitmq RabbitMQ
     else
       command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
       say "starting RabbitMQ"
@@ -113,9 +115,7 @@ ensure_rabbitmq() {
 ensure_redis() {
   if ! port_open 6379; then
     if have_docker_engine; then
-      say "starting Redis with docker compose"
-      docker compose -f "$ROOT/compose.yml" up -d redis >/dev/null
-      started "docker:redis"
+      compose_up redis Redis
     else
       command -v redis-server >/dev/null || apt_install redis-server
       say "starting Redis"
