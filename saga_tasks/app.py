@@ -55,7 +55,9 @@ class SagaApp:
             raise ConfigurationError("two participants share a name")
         queues = {p.queue for p in participants} | {q for d in sagas for q in d.queues}
         self.topology = Topology(
-            command_queues=tuple(sorted(queues)), queue_type=self.settings.queue_type
+            command_queues=tuple(sorted(queues)),
+            queue_type=self.settings.queue_type,
+            retry_tiers=self.settings.retry_delays,
         )
         self.name = name
         self.orchestrator = Orchestrator(

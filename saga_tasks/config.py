@@ -77,6 +77,36 @@ class Settings:
         10.0,
         "Seconds the active beat's lease in Redis lasts; a standby takes over after it.",
     )
+    retry_tiers: str = _env(
+        "SAGA_RETRY_TIERS",
+        "1,10,60",
+        "Delays in seconds of the retry queues, one TTL queue per tier; fixed once declared.",
+    )
+    unknown_error_retries: int = _env(
+        "SAGA_UNKNOWN_ERROR_RETRIES",
+        2,
+        "Retries, through the tiers, of a message whose handler raised an unexpected error.",
+    )
+    poison_limit: int = _env(
+        "SAGA_POISON_LIMIT",
+        3,
+        "Redeliveries of one message (its worker died each time) before it is dead-lettered.",
+    )
+    intake_interval: float = _env(
+        "SAGA_INTAKE_INTERVAL",
+        2.0,
+        "Seconds between passes that move dead-lettered and parked messages into the database.",
+    )
+    stuck_after: float = _env(
+        "SAGA_STUCK_AFTER",
+        300.0,
+        "An active saga with no change for this many seconds is listed as stuck.",
+    )
+    replay_max_age: float = _env(
+        "SAGA_REPLAY_MAX_AGE",
+        86400.0,
+        "A held message older than this many seconds is not replayed without --force.",
+    )
     publish_timeout: float = _env(
         "SAGA_PUBLISH_TIMEOUT",
         5.0,
@@ -114,6 +144,11 @@ class Settings:
             raise ConfigurationError(
                 f"SAGA_QUEUE_TYPE must be 'classic' or 'quorum', not {self.queue_type!r}"
             )
+        _tiers(self.retry_tiers)
+        if self.unknown_error_retries < 0 or self.poison_limit < 1:
+            raise ConfigurationError(
+                "SAGA_UNKNOWN_ERROR_RETRIES must be >= 0 and SAGA_POISON_LIMIT >= 1"
+            )
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(
                 f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"
@@ -124,9 +159,17 @@ class Settings:
             "publish_timeout",
             "sweep_interval",
             "beat_lock_timeout",
+            "intake_interval",
+            "stuck_after",
+            "replay_max_age",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
+
+    @property
+    def retry_delays(self) -> tuple[int, ...]:
+        """``SAGA_RETRY_TIERS`` as whole seconds, ascending."""
+        return _tiers(self.retry_tiers)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -149,6 +192,18 @@ class Settings:
             for f in fields(cls)
             if "env" in f.metadata
         ]
+
+
+def _tiers(raw: str) -> tuple[int, ...]:
+    try:
+        tiers = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ConfigurationError(
+            f"SAGA_RETRY_TIERS={raw!r}: whole seconds, comma-separated"
+        ) from None
+    if not tiers or any(t < 1 for t in tiers) or len(set(tiers)) != len(tiers):
+        raise ConfigurationError(f"SAGA_RETRY_TIERS={raw!r}: distinct whole seconds, at least 1")
+    return tuple(sorted(tiers))
 
 
 def _env_name(field_name: str) -> str:

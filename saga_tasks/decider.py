@@ -28,6 +28,15 @@ Time (``DeadlinePassed``, from the sweeper):
   in flight.
 A reply to a step that was given up is late: it is written down, and with the
 ``manual_review`` policy a late success puts the saga in MANUAL_REVIEW.
+
+Dead letters (``DeadLettered``, from the intake): a step's command in the dead-letter
+queue gives the step up by its ``on_dead_letter`` policy (compensate, or manual
+review); a dead compensation or a dead reply needs a person.
+
+Operators (``OperatorAction``): retry a step or its compensation, skip a step (done
+or undone by hand), compensate, or resolve a saga in MANUAL_REVIEW to a final status.
+An action the saga's state does not allow raises ``ActionRefused`` with the reason;
+nothing is written.
 """
 
 from __future__ import annotations
@@ -37,8 +46,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from saga_tasks.definitions import LateReplyPolicy, SagaDefinition, Step
-from saga_tasks.events import DeadlinePassed, Event, ReplyReceived, Started
+from saga_tasks.definitions import DeadLetterPolicy, LateReplyPolicy, SagaDefinition, Step
+from saga_tasks.errors import ActionRefused
+from saga_tasks.events import (
+    DeadLettered,
+    DeadlinePassed,
+    Event,
+    OperatorAction,
+    OperatorVerb,
+    ReplyReceived,
+    Started,
+)
 from saga_tasks.model import SagaState, StepState, command_id, message_id
 from saga_tasks.states import (
     FORWARD_SUCCEEDED,
@@ -110,6 +128,10 @@ def decide(definition: SagaDefinition, state: SagaState, event: Event, now: date
         tx.on_reply(event)
     elif isinstance(event, DeadlinePassed):
         tx.on_deadline()
+    elif isinstance(event, DeadLettered):
+        tx.on_dead_letter(event)
+    elif isinstance(event, OperatorAction):
+        tx.on_operator(event)
     else:  # pragma: no cover - the Event union is closed
         raise TypeError(f"unknown event {event!r}")
     return tx.decision()
@@ -365,6 +387,202 @@ class _Transition:
             "step_given_up",
             reason=f"{why}; attempts sent: {st.attempt}",
         )
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def on_dead_letter(self, e: DeadLettered) -> None:
+        reason = f"{e.kind.value} dead-lettered: {e.reason}"
+        detail = {"held_id": e.held_id}
+        step = self.definition.by_name.get(e.step or "")
+        active = self.status in (SagaStatus.RUNNING, SagaStatus.COMPENSATING)
+        if step is None or not active:
+            self.classification = Classification.LATE
+            why = "its saga is not active" if step is not None else "it names no step of this saga"
+            self.note("dead_letter_recorded", step=e.step if step else None,
+                      message_id=e.message_id, reason=f"{reason}; nothing to do: {why}",
+                      detail=detail)  # fmt: skip
+            return
+        st = self.steps[step.name]
+        if (
+            e.kind is MessageKind.COMMAND
+            and st.status is StepStatus.REQUESTED
+            and (e.command_id == st.command_id)
+        ):
+            self.note("dead_lettered", step=step.name, message_id=e.message_id, reason=reason,
+                      detail=detail)  # fmt: skip
+            self.changed = True
+            self.mark_given_up(step, "its command was dead-lettered")
+            if step.on_dead_letter is DeadLetterPolicy.MANUAL_REVIEW or not step.compensable:
+                self.manual_review(f"step {step.name!r}: {reason}")
+                return
+            self.send_compensation(step, self.steps[step.name])
+            if self.status is SagaStatus.RUNNING:
+                self.begin_compensation(f"step {step.name!r}: {reason}")
+            else:
+                self.compensate_ready()
+            return
+        if (
+            e.kind is MessageKind.COMPENSATION
+            and st.status is StepStatus.COMPENSATING
+            and (e.command_id == st.compensation_id)
+        ):
+            self.note("dead_lettered", step=step.name, message_id=e.message_id, reason=reason,
+                      detail=detail)  # fmt: skip
+            self.set_step(
+                step.name,
+                st.evolve(status=StepStatus.COMPENSATION_FAILED, error="dead_lettered"),
+                "compensation_failed",
+                reason=reason,
+            )
+            self.manual_review(f"compensation of step {step.name!r}: {reason}")
+            return
+        if e.kind is MessageKind.REPLY:
+            self.note("dead_lettered", step=step.name, message_id=e.message_id, reason=reason,
+                      detail=detail)  # fmt: skip
+            self.manual_review(f"a reply of step {step.name!r} could not be applied: {e.reason}")
+            return
+        self.classification = Classification.LATE
+        self.note(
+            "dead_letter_recorded",
+            step=step.name,
+            message_id=e.message_id,
+            reason=f"{reason}; the step has moved on ({st.status.value})",
+            detail=detail,
+        )
+
+    # -- operators --------------------------------------------------------------------------
+
+    def on_operator(self, a: OperatorAction) -> None:
+        if not a.actor.strip() or not a.reason.strip():
+            raise ActionRefused("an operator action needs an actor and a reason")
+        handlers = {
+            OperatorVerb.RETRY_STEP: self.operator_retry_step,
+            OperatorVerb.SKIP_STEP: self.operator_skip_step,
+            OperatorVerb.COMPENSATE: self.operator_compensate,
+            OperatorVerb.RESOLVE: self.operator_resolve,
+        }
+        handlers[a.verb](a)
+
+    def _operator_step(self, a: OperatorAction) -> tuple[Step, StepState]:
+        if not a.step or a.step not in self.definition.by_name:
+            known = ", ".join(self.definition.by_name)
+            raise ActionRefused(f"unknown step {a.step!r}; steps: {known}")
+        return self.definition.step(a.step), self.steps[a.step]
+
+    def _compensation_begun(self) -> bool:
+        return any(
+            st.status
+            in (
+                StepStatus.COMPENSATING,
+                StepStatus.COMPENSATED,
+                StepStatus.COMPENSATION_FAILED,
+                StepStatus.COMPENSATION_SKIPPED,
+                StepStatus.SKIPPED,
+            )
+            for st in self.steps.values()
+        )
+
+    def _refuse_if_final(self, verb: str) -> None:
+        if self.status in TERMINAL_SAGA:
+            raise ActionRefused(f"cannot {verb}: the saga is {self.status.value}")
+
+    def operator_retry_step(self, a: OperatorAction) -> None:
+        self._refuse_if_final("retry a step")
+        s, st = self._operator_step(a)
+        said = f"operator {a.actor}: {a.reason}"
+        if st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATION_FAILED):
+            self.note("operator_retry_step", step=s.name, reason=said)
+            self.set_status(SagaStatus.COMPENSATING, self.reason)
+            self.send_compensation(s, st, reason=said)
+            return
+        forward_retry = st.status is StepStatus.REQUESTED or (
+            st.status is StepStatus.TIMED_OUT and not st.compensation_id
+        )
+        if not forward_retry:
+            raise ActionRefused(
+                f"step {s.name!r} is {st.status.value}: only a step awaiting its answer, "
+                "given up without compensation, or whose compensation failed can be retried"
+            )
+        if self.status is SagaStatus.COMPENSATING or self._compensation_begun():
+            raise ActionRefused("the saga is compensating; retry the compensation or resolve")
+        self.note("operator_retry_step", step=s.name, reason=said)
+        self.set_status(SagaStatus.RUNNING, None)
+        self.steps[s.name] = st.evolve(given_up=False)
+        self.send_action(s, self.steps[s.name], reason=said)
+
+    def operator_skip_step(self, a: OperatorAction) -> None:
+        self._refuse_if_final("skip a step")
+        s, st = self._operator_step(a)
+        said = f"operator {a.actor}: {a.reason}"
+        if st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATION_FAILED):
+            self.note("operator_skip_step", step=s.name, reason=said)
+            self.set_status(SagaStatus.COMPENSATING, self.reason)
+            self.set_step(
+                s.name,
+                st.evolve(status=StepStatus.COMPENSATED, finished_at=self.now, error=None),
+                "step_compensated",
+                reason=f"undone by hand ({said})",
+            )
+            self.compensate_ready()
+            return
+        if st.status not in (StepStatus.REQUESTED, StepStatus.TIMED_OUT, StepStatus.PENDING) or (
+            self._compensation_begun() or self.status is SagaStatus.COMPENSATING
+        ):
+            raise ActionRefused(
+                f"step {s.name!r} is {st.status.value}: only a step not yet done (before any "
+                "compensation) or a compensation not yet done can be skipped"
+            )
+        if st.status is StepStatus.PENDING and not all(
+            self.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on
+        ):
+            raise ActionRefused(f"step {s.name!r} waits for steps that have not succeeded")
+        self.note("operator_skip_step", step=s.name, reason=said)
+        self.set_status(SagaStatus.RUNNING, None)
+        self.set_step(
+            s.name,
+            st.evolve(
+                status=StepStatus.SUCCEEDED,
+                finished_at=self.now,
+                given_up=False,
+                error=None,
+                result={"skipped_by": a.actor},
+            ),
+            "step_succeeded",
+            reason=f"done by hand ({said})",
+        )
+        self.advance(trigger="")
+
+    def operator_compensate(self, a: OperatorAction) -> None:
+        self._refuse_if_final("compensate")
+        said = f"operator {a.actor}: {a.reason}"
+        if self.status is SagaStatus.COMPENSATING:
+            raise ActionRefused("the saga is already compensating")
+        self.note("operator_compensate", reason=said)
+        # What failed to compensate, or was given up without compensation, is tried again.
+        for s in self.definition.steps:
+            st = self.steps[s.name]
+            if st.status is StepStatus.COMPENSATION_FAILED or (
+                st.status is StepStatus.TIMED_OUT and s.compensable
+            ):
+                self.send_compensation(s, st, reason=said)
+        self.begin_compensation(said)
+
+    def operator_resolve(self, a: OperatorAction) -> None:
+        if self.status is not SagaStatus.MANUAL_REVIEW:
+            raise ActionRefused(
+                f"only a saga in MANUAL_REVIEW can be resolved; this one is {self.status.value}"
+            )
+        try:
+            final = SagaStatus(a.resolution or "")
+        except ValueError:
+            final = SagaStatus.MANUAL_REVIEW
+        if final not in TERMINAL_SAGA:
+            raise ActionRefused("resolve to COMPLETED, COMPENSATED or FAILED")
+        said = f"operator {a.actor}: {a.reason}"
+        self.note("operator_resolve", reason=said, detail={"resolution": final.value})
+        self.set_status(final, said)
+        self.finished_at = self.now
+        self.note("saga_resolved", reason=said)
 
     # -- progress -------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from saga_tasks.errors import (
 )
 
 __all__ = [
+    "DeadLetterPolicy",
     "LateReplyPolicy",
     "RetryPolicy",
     "SagaDefinition",
@@ -49,6 +50,15 @@ class LateReplyPolicy(StrEnum):
     """A late success is undone at once; a late failure only needs an audit entry."""
     IGNORE = "ignore"
     """Recorded in the history, nothing else."""
+    MANUAL_REVIEW = "manual_review"
+    """The saga waits for a person."""
+
+
+class DeadLetterPolicy(StrEnum):
+    """What a step's command reaching the dead-letter queue does to its saga."""
+
+    COMPENSATE = "compensate"
+    """Give the step up (its compensation leaves a tombstone or undoes it) and compensate."""
     MANUAL_REVIEW = "manual_review"
     """The saga waits for a person."""
 
@@ -102,6 +112,8 @@ class Step:
     """Sends of the compensation before the saga goes to manual review."""
     late_reply: LateReplyPolicy = LateReplyPolicy.COMPENSATE
     """What a reply that comes after the step was given up does."""
+    on_dead_letter: DeadLetterPolicy = DeadLetterPolicy.COMPENSATE
+    """What the step's command reaching the dead-letter queue does."""
     depends_on: tuple[str, ...] = _PREVIOUS
     """Steps that must have succeeded before this one is sent."""
 
@@ -120,6 +132,7 @@ def step(
     retry: RetryPolicy | int | None = None,
     compensation_retry: RetryPolicy | int | None = None,
     late_reply: LateReplyPolicy | str = LateReplyPolicy.COMPENSATE,
+    on_dead_letter: DeadLetterPolicy | str = DeadLetterPolicy.COMPENSATE,
     depends_on: Iterable[str] | None = None,
 ) -> Step:
     """Build a step; ``action`` is a task name or a participant handler (which knows its queue)."""
@@ -135,6 +148,7 @@ def step(
         retry=_policy(retry, RetryPolicy()),
         compensation_retry=_policy(compensation_retry, RetryPolicy(max_attempts=5)),
         late_reply=LateReplyPolicy(late_reply),
+        on_dead_letter=DeadLetterPolicy(on_dead_letter),
         depends_on=_PREVIOUS if depends_on is None else tuple(depends_on),
     )
 

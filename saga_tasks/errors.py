@@ -13,7 +13,9 @@
     │   ├── UnknownSagaType
     │   ├── InvalidPayload
     │   ├── BusinessKeyConflict
-    │   └── SagaNotFound
+    │   ├── SagaNotFound
+    │   ├── ActionRefused         an operator action that does not fit the saga's state
+    │   └── VersionMismatch       --expect-version is not the saga's version
     ├── InvalidMessage                park: a message that makes no sense, never retried
     ├── ServiceUnavailable            retry: PostgreSQL, RabbitMQ or Redis cannot be reached
     │   └── PublishFailed             the broker did not confirm a publish
@@ -96,6 +98,18 @@ class BusinessKeyConflict(InputError):
 
 class SagaNotFound(InputError):
     """No saga has that id."""
+
+
+class ActionRefused(InputError):
+    """An operator action that the saga's current state does not allow; says why."""
+
+
+class VersionMismatch(InputError):
+    """The operator acted on a version of the saga that is no longer current."""
+
+    def __init__(self, message: str, current: int) -> None:
+        super().__init__(message)
+        self.current = current
 
 
 class InvalidMessage(SagaTasksError):

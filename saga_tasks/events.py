@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from saga_tasks.states import MessageKind, Outcome
@@ -34,4 +35,36 @@ class DeadlinePassed:
     """The sweeper found a deadline of this saga due; the decider works out which."""
 
 
-Event = Started | ReplyReceived | DeadlinePassed
+@dataclass(frozen=True)
+class DeadLettered:
+    """A message of this saga reached the dead-letter queue; the intake recorded it."""
+
+    kind: MessageKind
+    """The dead message's kind: a command, a compensation or a reply."""
+    step: str | None
+    command_id: str | None
+    message_id: str
+    reason: str
+    held_id: int
+
+
+class OperatorVerb(StrEnum):
+    RETRY_STEP = "retry_step"
+    SKIP_STEP = "skip_step"
+    COMPENSATE = "compensate"
+    RESOLVE = "resolve"
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    """A person acts on a saga; actor and reason go to the history."""
+
+    verb: OperatorVerb
+    actor: str
+    reason: str
+    step: str | None = None
+    resolution: str | None = None
+    """For ``resolve``: COMPLETED, COMPENSATED or FAILED."""
+
+
+Event = Started | ReplyReceived | DeadlinePassed | DeadLettered | OperatorAction

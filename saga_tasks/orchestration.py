@@ -33,8 +33,9 @@ from saga_tasks.errors import (
     SagaNotFound,
     UnknownDefinitionVersion,
     UnknownSagaType,
+    VersionMismatch,
 )
-from saga_tasks.events import DeadlinePassed, Started
+from saga_tasks.events import DeadLettered, DeadlinePassed, OperatorAction, Started
 from saga_tasks.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
@@ -234,8 +235,13 @@ class Orchestrator:
         *,
         routing_key: str | None = None,
         redelivered: bool = False,
+        raise_invalid: bool = False,
     ) -> Classification:
-        """Apply one reply; every outcome is written down, none raises for bad input."""
+        """Apply one reply; every outcome is written down.
+
+        A message that makes no sense is recorded and returns INVALID, or with
+        ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
+        """
         from saga_tasks import invalid
 
         try:
@@ -252,6 +258,8 @@ class Orchestrator:
                 headers=headers,
                 body=body,
             )
+            if raise_invalid:
+                raise
             return Classification.INVALID
         now = self.clock.now()
         messages: list[OutboundMessage] = []
@@ -293,6 +301,8 @@ class Orchestrator:
                 headers=headers,
                 body=body,
             )
+            if raise_invalid:
+                raise InvalidMessage(reason)
             return Classification.INVALID
         self._after_decision(state, decision, message_id)
         fault = None
@@ -316,16 +326,73 @@ class Orchestrator:
         *,
         now: datetime,
         causation_id: str | None,
+        actor: str = sagas.SYSTEM_ACTOR,
     ) -> list[OutboundMessage]:
         """State (compare-and-set), history and outbox of one decision, in ``conn``'s tx."""
         if decision.changed:
             sagas.save(conn, state, decision.state, now, [s.name for s in definition.steps])
-        sagas.append_history(conn, state.saga_id, decision.history, now, causation_id=causation_id)
+        sagas.append_history(
+            conn, state.saga_id, decision.history, now, causation_id=causation_id, actor=actor
+        )
         messages = [
             self._command_message(decision.state, c, causation_id=causation_id)
             for c in decision.commands
         ]
         outbox.write(conn, saga_outbox, messages)
+        return messages
+
+    # -- operators and dead letters ---------------------------------------------------------
+
+    def act(self, saga_id: str, action: OperatorAction, *, expect_version: int) -> SagaState:
+        """Apply an operator's action if the saga is still at ``expect_version``.
+
+        Raises ``SagaNotFound``, ``VersionMismatch`` (someone or something moved the saga
+        since the operator looked) or ``ActionRefused`` (the action does not fit).
+        """
+        self.get(saga_id)  # a clear SagaNotFound for a bad id
+        now = self.clock.now()
+        with translated(str(self.engine.url)), self.engine.begin() as conn:
+            state = sagas.lock(conn, saga_id)
+            if state is None:
+                raise SagaNotFound(f"no saga {saga_id}")
+            if state.version != expect_version:
+                raise VersionMismatch(
+                    f"saga {saga_id} is at version {state.version}, not {expect_version}; "
+                    "look at it again before acting",
+                    current=state.version,
+                )
+            definition = self.registry.get(state.saga_type, state.definition_version)
+            decision = decide(definition, state, action, now)
+            messages = self._write_decision(
+                conn, definition, state, decision, now=now, causation_id=None, actor=action.actor
+            )
+        self._after_decision(state, decision, None)
+        log.warning(
+            "operator %s by %s: %s",
+            action.verb.value,
+            action.actor,
+            action.reason,
+            extra=_log_fields(
+                decision.state, None, status_before=state.status, status_after=decision.state.status
+            ),
+        )
+        deliver(self.engine, saga_outbox, self._publisher(), messages)
+        return decision.state
+
+    def dead_lettered(
+        self, conn: Connection, saga_id: str, event: DeadLettered
+    ) -> list[OutboundMessage]:
+        """Feed a dead letter to its saga inside the intake's transaction; the messages to send."""
+        state = sagas.lock(conn, saga_id)
+        if state is None:
+            return []
+        now = self.clock.now()
+        definition = self.registry.get(state.saga_type, state.definition_version)
+        decision = decide(definition, state, event, now)
+        messages = self._write_decision(
+            conn, definition, state, decision, now=now, causation_id=event.message_id
+        )
+        self._after_decision(state, decision, None)
         return messages
 
     # -- time -----------------------------------------------------------------------------

@@ -188,8 +188,13 @@ class ParticipantRuntime:
         headers: Mapping[str, Any] | None,
         body: Any,
         redelivered: bool,
+        raise_invalid: bool = False,
     ) -> str:
-        """Handle one delivery; return what happened (for logs and tests)."""
+        """Handle one delivery; return what happened (for logs and tests).
+
+        A message that makes no sense is recorded and returns ``"invalid"``, or with
+        ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
+        """
         engine = self._engine()
         try:
             command = parse_command(message_id, headers, body)
@@ -206,6 +211,8 @@ class ParticipantRuntime:
                 headers=headers,
                 body=body,
             )
+            if raise_invalid:
+                raise
             return "invalid"
         fields = {
             "saga_id": command.saga_id,

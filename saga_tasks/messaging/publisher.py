@@ -68,6 +68,40 @@ class Publisher:
             return PublishResult(tuple(published), failed, error)
         return PublishResult(tuple(published), ())
 
+    def publish_raw(
+        self,
+        *,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        headers: dict[str, Any],
+        content_type: str | None,
+        content_encoding: str | None,
+    ) -> None:
+        """Publish bytes as they are (a parked or replayed message); raises ``PublishFailed``."""
+        from amqp.exceptions import AMQPError
+        from kombu.exceptions import KombuError
+
+        try:
+            with self.app.producer_or_acquire() as producer:
+                producer.publish(
+                    body,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    headers=headers,
+                    content_type=content_type or "application/octet-stream",
+                    content_encoding=content_encoding or "binary",
+                    delivery_mode=2,
+                    mandatory=True,
+                    retry=True,
+                    retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
+                    confirm_timeout=self.confirm_timeout,
+                )
+        except (AMQPError, KombuError, OSError) as exc:
+            raise PublishFailed(
+                "RabbitMQ", mask_url(self.app.conf.broker_url or ""), str(exc) or type(exc).__name__
+            ) from exc
+
     def _send(self, producer: Any, message: OutboundMessage) -> None:
         queue = self.topology.queue(message.queue)
         self.app.send_task(

@@ -178,6 +178,22 @@ class Topology:
     def all_queues(self) -> Iterator[Queue]:
         return iter(self._queues.values())
 
+    def queue_for(self, exchange: str | None, routing_key: str | None) -> str | None:
+        """The work queue a delivery came through, from its exchange and routing key."""
+        if not routing_key:
+            return None
+        if not exchange:
+            return routing_key if routing_key in self._queues else None
+        if exchange == COMMANDS_EXCHANGE.name:
+            parts = routing_key.split(".")
+            if len(parts) >= 2 and parts[0] == "command":
+                name = command_queue(parts[1])
+                return name if name in self._queues else None
+            return None
+        if exchange == REPLIES_EXCHANGE.name:
+            return REPLY_QUEUE
+        return None
+
     def routing_key(self, queue: str, task_name: str) -> str:
         if queue in self.command_queues:
             return command_routing_key(queue, task_name)

@@ -213,6 +213,13 @@ def _render_saga(v: dict[str, Any]) -> None:
     for s in v["steps"]:
         error = f"  {s['last_error']}" if s["last_error"] else ""
         click.echo(f"  {s['step']:<24} {s['status']:<22} attempt {s['attempt']}{error}")
+    if v.get("held_messages"):
+        click.echo("\nheld messages (saga-tasks dlq|parking show ID)")
+        for m in v["held_messages"]:
+            step = m["step"] or "-"
+            click.echo(
+                f"  {m['id']:>6}  {m['holding']:<11} {m['status']:<9} {step:<18} {m['reason']}"
+            )
     click.echo("\nhistory")
     for h in v["history"]:
         step = f" [{h['step']}]" if h["step"] else ""
@@ -220,7 +227,8 @@ def _render_saga(v: dict[str, Any]) -> None:
         if h["step_status_before"] != h["step_status_after"]:
             change = f" {h['step_status_before']} -> {h['step_status_after']}"
         reason = f" - {h['reason']}" if h["reason"] else ""
-        click.echo(f"  {h['at']}  {h['event']}{step}{change}{reason}")
+        actor = f" ({h['actor']})" if h["actor"] != "system" else ""
+        click.echo(f"  {h['at']}  {h['event']}{step}{change}{actor}{reason}")
 
 
 @main.command("list")
@@ -284,6 +292,265 @@ def invalid(obj: _Context, limit: int, as_json: bool) -> None:
             )
 
     _emit(view, as_json, render)
+
+
+# -- operators ------------------------------------------------------------------------------
+
+
+def _operator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--json", "as_json", is_flag=True, help="Print the saga as JSON.")(fn)
+    fn = click.option(
+        "--expect-version",
+        type=int,
+        required=True,
+        help="The saga version you decided on (see show); a newer one refuses the action.",
+    )(fn)
+    fn = click.option("--reason", required=True, help="Why; written to the saga's history.")(fn)
+    return click.option("--actor", required=True, help="Who acts; written to the saga's history.")(
+        fn
+    )
+
+
+def _act(obj: _Context, saga_id: str, verb: str, as_json: bool, **kw: Any) -> None:
+    from saga_tasks.ops.operator import act
+
+    app = obj.app()
+    with _errors():
+        view = act(app, saga_id, verb, **kw)
+    _emit(view, as_json, _render_saga)
+
+
+@main.command("retry-step")
+@click.argument("saga_id")
+@click.argument("step")
+@_operator_options
+@click.pass_obj
+def retry_step(
+    obj: _Context,
+    *,
+    saga_id: str,
+    step: str,
+    actor: str,
+    reason: str,
+    expect_version: int,
+    as_json: bool,
+) -> None:
+    """Send a step's command (or its compensation) again, same command id."""
+    _act(obj, saga_id, "retry_step", as_json, actor=actor, reason=reason,
+         expect_version=expect_version, step=step)  # fmt: skip
+
+
+@main.command("skip-step")
+@click.argument("saga_id")
+@click.argument("step")
+@_operator_options
+@click.pass_obj
+def skip_step(
+    obj: _Context,
+    *,
+    saga_id: str,
+    step: str,
+    actor: str,
+    reason: str,
+    expect_version: int,
+    as_json: bool,
+) -> None:
+    """Mark a step done (or its compensation done) by hand, and go on."""
+    _act(obj, saga_id, "skip_step", as_json, actor=actor, reason=reason,
+         expect_version=expect_version, step=step)  # fmt: skip
+
+
+@main.command("compensate")
+@click.argument("saga_id")
+@_operator_options
+@click.pass_obj
+def compensate(
+    obj: _Context, *, saga_id: str, actor: str, reason: str, expect_version: int, as_json: bool
+) -> None:
+    """Compensate a running saga, or one in manual review."""
+    _act(obj, saga_id, "compensate", as_json, actor=actor, reason=reason,
+         expect_version=expect_version)  # fmt: skip
+
+
+@main.command("resolve")
+@click.argument("saga_id")
+@click.option(
+    "--status",
+    "resolution",
+    required=True,
+    type=click.Choice(["COMPLETED", "COMPENSATED", "FAILED"], case_sensitive=False),
+)
+@_operator_options
+@click.pass_obj
+def resolve(
+    obj: _Context,
+    *,
+    saga_id: str,
+    resolution: str,
+    actor: str,
+    reason: str,
+    expect_version: int,
+    as_json: bool,
+) -> None:
+    """Close a saga in MANUAL_REVIEW with a final status."""
+    _act(obj, saga_id, "resolve", as_json, actor=actor, reason=reason,
+         expect_version=expect_version, resolution=resolution)  # fmt: skip
+
+
+@main.command()
+@click.option("--older-than", type=float, help="Seconds without change (default SAGA_STUCK_AFTER).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def stuck(obj: _Context, older_than: float | None, limit: int, as_json: bool) -> None:
+    """Active sagas that have not moved for a while, oldest first."""
+    from saga_tasks.ops.operator import stuck as find_stuck
+
+    app = obj.app()
+    with _errors():
+        view = find_stuck(app, older_than=older_than, limit=limit)
+
+    def render(v: dict[str, Any]) -> None:
+        if not v["stuck"]:
+            click.echo(f"no saga has been idle for {v['older_than_seconds']:.0f} s")
+        for s in v["stuck"]:
+            click.echo(
+                f"{s['saga_id']}  {s['status']:<13} v{s['version']:<3} "
+                f"idle {s['idle_seconds']:>8.0f} s  {s['saga_type']} {s['business_key']}"
+            )
+
+    _emit(view, as_json, render)
+
+
+def _held_group(holding: str, name: str, title: str) -> click.Group:
+    @click.group(name=name, help=title)
+    def group() -> None:
+        pass
+
+    @group.command("list")
+    @click.option(
+        "--status",
+        default="pending",
+        show_default=True,
+        type=click.Choice(["pending", "replayed", "discarded", "all"]),
+    )
+    @click.option("--saga", "saga_id", help="Only this saga's messages.")
+    @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @click.pass_obj
+    def list_held(
+        obj: _Context, status: str, saga_id: str | None, limit: int, as_json: bool
+    ) -> None:
+        """Held messages, newest first."""
+        from saga_tasks.ops.operator import held_list
+
+        app = obj.app()
+        with _errors():
+            view = held_list(
+                app,
+                holding,
+                status=None if status == "all" else status,
+                saga_id=saga_id,
+                limit=limit,
+            )
+
+        def render(v: dict[str, Any]) -> None:
+            if not v["messages"]:
+                click.echo("nothing held")
+            for m in v["messages"]:
+                click.echo(
+                    f"{m['id']:>6}  {m['status']:<9} {m['received_at']}  "
+                    f"{m['task_name'] or '-':<22} {m['step'] or '-':<18} {m['reason']}"
+                )
+
+        _emit(view, as_json, render)
+
+    @group.command("show")
+    @click.argument("held_id", type=int)
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @click.pass_obj
+    def show_held(obj: _Context, held_id: int, as_json: bool) -> None:
+        """One held message, with the checks a replay would run now."""
+        from saga_tasks.ops.operator import held_show
+
+        app = obj.app()
+        with _errors():
+            view = held_show(app, held_id)
+
+        def render(v: dict[str, Any]) -> None:
+            keys = (
+                "id", "holding", "status", "reason", "saga_id", "step", "kind", "task_name",
+                "message_id", "original_queue", "death_count", "first_death_at",
+                "last_death_at", "received_at", "resolved_by", "resolution",
+            )  # fmt: skip
+            for key in keys:
+                click.echo(f"{key:<16} {v[key]}")
+            click.echo("replay checks")
+            for c in v["replay_checks"]:
+                mark = "BLOCKS" if c["blocks"] else "ok"
+                click.echo(f"  {mark:<7} {c['check']:<12} {c['finding']}")
+
+        _emit(view, as_json, render)
+
+    @group.command("replay")
+    @click.argument("held_id", type=int)
+    @click.option("--actor", required=True, help="Who replays; written to the saga's history.")
+    @click.option("--reason", required=True, help="Why; written to the saga's history.")
+    @click.option("--force", is_flag=True, help="Replay although a check blocks it.")
+    @click.option("--force-reason", help="Why forcing is right (required with --force).")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @click.pass_obj
+    def replay_held(
+        obj: _Context,
+        *,
+        held_id: int,
+        actor: str,
+        reason: str,
+        force: bool,
+        force_reason: str | None,
+        as_json: bool,
+    ) -> None:
+        """Publish a held message again to its queue, if the checks allow it."""
+        from saga_tasks.holding import replay
+
+        app = obj.app()
+        with _errors():
+            result = replay(
+                app, held_id, actor=actor, reason=reason, force=force, force_reason=force_reason
+            )
+        data = {
+            "id": result.held_id,
+            "replayed": result.replayed,
+            "forced": result.forced,
+            "checks": [
+                {"check": c.name, "finding": c.finding, "blocks": c.blocks} for c in result.checks
+            ],
+        }
+
+        def render(d: dict[str, Any]) -> None:
+            click.echo(f"replayed held message {d['id']}" + (" (forced)" if d["forced"] else ""))
+
+        _emit(data, as_json, render)
+
+    @group.command("discard")
+    @click.argument("held_id", type=int)
+    @click.option("--actor", required=True, help="Who discards; written to the saga's history.")
+    @click.option("--reason", required=True, help="Why; written to the saga's history.")
+    @click.pass_obj
+    def discard_held(obj: _Context, held_id: int, actor: str, reason: str) -> None:
+        """Close a held message without sending it."""
+        from saga_tasks.holding import discard
+
+        app = obj.app()
+        with _errors():
+            discard(app, held_id, actor=actor, reason=reason)
+        click.echo(f"discarded held message {held_id}")
+
+    return group
+
+
+main.add_command(_held_group("dead_letter", "dlq", "Messages taken off the dead-letter queue."))
+main.add_command(_held_group("parking", "parking", "Messages taken off the parking lot."))
 
 
 @main.command(

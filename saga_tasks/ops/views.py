@@ -8,7 +8,8 @@ Shapes (documented in the README and pinned by tests):
                      finished_at, last_error}],
             history: [{at, event, step, status_before, status_after,
                        step_status_before, step_status_after, message_id,
-                       causation_id, actor, reason}]}
+                       causation_id, actor, reason}],
+            held_messages: [{id, holding, status, reason, step, kind, message_id, ...}]}
     list:  {sagas: [{saga_id, saga_type, business_key, status, status_reason,
                      version, created_at, updated_at, finished_at}], count}
 """
@@ -30,9 +31,19 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def saga_view(app: SagaApp, saga_id: str) -> dict[str, Any]:
+    from sqlalchemy import select
+
+    from saga_tasks.ops.operator import held_summary
+    from saga_tasks.persistence.tables import held_message
+
     state = app.orchestrator.get(saga_id)
     with translated(app.settings.database_url), app.engine.connect() as conn:
         history = sagas.history(conn, state.saga_id)
+        held_rows = conn.execute(
+            select(held_message)
+            .where(held_message.c.saga_id == state.saga_id)
+            .order_by(held_message.c.id)
+        ).all()
     updated = state.extra.get("updated_at")
     return {
         "saga_id": state.saga_id,
@@ -74,6 +85,7 @@ def saga_view(app: SagaApp, saga_id: str) -> dict[str, Any]:
             }
             for h in history
         ],
+        "held_messages": [held_summary(dict(r._mapping)) for r in held_rows],
     }
 
 

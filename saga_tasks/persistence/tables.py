@@ -185,3 +185,59 @@ invalid_message = Table(
     Index("ix_invalid_received", "received_at"),
     schema=SAGA_SCHEMA,
 )
+
+
+held_message = Table(
+    "held_message",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("holding", Text, nullable=False),
+    Column("delivery_key", Text, nullable=False),
+    Column("message_id", Text),
+    Column("saga_id", UUID(as_uuid=False)),
+    Column("step", Text),
+    Column("kind", Text),
+    Column("task_name", Text),
+    Column("original_queue", Text),
+    Column("original_routing_key", Text),
+    Column("original_exchange", Text),
+    Column("reason", Text, nullable=False),
+    Column("death_count", Integer, nullable=False, server_default=text("0")),
+    Column("first_death_at", DateTime(timezone=True)),
+    Column("last_death_at", DateTime(timezone=True)),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("content_type", Text),
+    Column("content_encoding", Text),
+    Column("headers", JSONB, nullable=False),
+    Column("body", Text),
+    Column("body_base64", Boolean, nullable=False, server_default=text("false")),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("resolved_by", Text),
+    Column("resolution", Text),
+    UniqueConstraint("holding", "delivery_key", name="uq_held_delivery"),
+    Index("ix_held_saga", "saga_id"),
+    Index("ix_held_pending", "holding", "received_at", postgresql_where=text("status = 'pending'")),
+    schema=SAGA_SCHEMA,
+)
+"""Messages taken off the dead-letter and parking-lot queues, kept for operators.
+
+``holding`` is ``dead_letter`` or ``parking``; ``delivery_key`` tells one arrival from
+another, so the intake can run again after a crash without recording a message twice.
+The body is kept as the broker delivered it, for replay; it never goes to logs.
+"""
+
+redelivery = Table(
+    "redelivery",
+    metadata,
+    Column("consumer", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("first_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("consumer", "message_id", name="pk_redelivery"),
+    schema=SAGA_SCHEMA,
+)
+"""Redeliveries per message: a message that keeps killing its worker is dead-lettered
+after a bounded number of them. Only redelivered messages are counted, so the hot
+path (first deliveries) writes nothing here."""

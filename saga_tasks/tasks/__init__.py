@@ -9,18 +9,16 @@ message once rather than dropping it or looping on it.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, bootsteps
-from celery.exceptions import Reject
 from celery.signals import after_setup_logger, after_setup_task_logger
 
-from saga_tasks.errors import SagaTasksError, ServiceUnavailable
+from saga_tasks.errors import ServiceUnavailable
 from saga_tasks.messages import REPLY_TASK, OutboundMessage
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, REPLY_QUEUE
+from saga_tasks.tasks.failures import failure_policy
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
@@ -28,9 +26,8 @@ if TYPE_CHECKING:
 
 RELAY_TASK = "saga_tasks.relay_outbox"
 SWEEP_TASK = "saga_tasks.sweep_timeouts"
+INTAKE_TASK = "saga_tasks.intake_held"
 log = logging.getLogger("saga_tasks.tasks")
-OUTAGE_PAUSE = 1.0
-"""Seconds a worker waits before handing back a message it could not handle for an outage."""
 
 
 def build_celery(saga_app: SagaApp) -> Celery:
@@ -52,6 +49,10 @@ def build_celery(saga_app: SagaApp) -> Celery:
         task_acks_on_failure=False,
         task_acks_on_timeout=True,
         task_reject_on_worker_lost=False,
+        # A lost prefork child: the message is sent again, at most max_retries times,
+        # then dead-lettered (acks_on_failure=False): bounded, never a loop.
+        task_retry_on_worker_lost=True,
+        task_default_retry_delay=0,
         task_track_started=False,
         worker_prefetch_multiplier=settings.prefetch_multiplier,
         worker_send_task_events=True,
@@ -65,6 +66,14 @@ def build_celery(saga_app: SagaApp) -> Celery:
                 "schedule": settings.relay_interval,
                 "options": {
                     "expires": max(settings.relay_interval * 2, 1.0),
+                    "queue": MAINTENANCE_QUEUE,
+                },
+            },
+            "saga-held-intake": {
+                "task": INTAKE_TASK,
+                "schedule": settings.intake_interval,
+                "options": {
+                    "expires": max(settings.intake_interval * 2, 1.0),
                     "queue": MAINTENANCE_QUEUE,
                 },
             },
@@ -90,7 +99,7 @@ def build_celery(saga_app: SagaApp) -> Celery:
     _register_orchestrator_tasks(celery, saga_app)
     for runtime in saga_app.runtimes.values():
         for handler in runtime.participant.handlers.values():
-            _register_handler(celery, runtime, handler)
+            _register_handler(celery, saga_app, runtime, handler)
     _connect_logging(saga_app)
     return celery
 
@@ -100,7 +109,8 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
     def reply(self: Any, *args: Any, **kwargs: Any) -> str:
         """Apply a participant's reply to its saga."""
         body: Any = kwargs if not args else {"args": list(args), **kwargs}
-        with _requeue_when_retryable(self.request):
+        outcome = "retried, parked or dead-lettered"
+        with failure_policy(saga_app, self.request, REPLY_QUEUE):
             delivery = self.request.delivery_info or {}
             outcome = saga_app.orchestrator.handle_reply(
                 self.request.id,
@@ -108,8 +118,9 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
                 body,
                 routing_key=delivery.get("routing_key"),
                 redelivered=bool(delivery.get("redelivered")),
-            )
-        return outcome.value
+                raise_invalid=True,
+            ).value
+        return outcome  # noqa: RET504 - the policy may end the body early
 
     @celery.task(name=SWEEP_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def sweep_timeouts(self: Any) -> dict[str, int]:
@@ -124,6 +135,13 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
                 report.errors,
             )
         return {"claimed": report.claimed, "changed": report.changed, "errors": report.errors}
+
+    @celery.task(name=INTAKE_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
+    def intake_held(self: Any) -> dict[str, int]:
+        """Move dead-lettered and parked messages into the database; tell their sagas."""
+        from saga_tasks.holding import DEAD_LETTER, PARKING, intake
+
+        return {h: intake(saga_app, h).taken for h in (DEAD_LETTER, PARKING)}
 
     @celery.task(name=RELAY_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def relay_outbox(self: Any) -> dict[str, int]:
@@ -198,47 +216,27 @@ def forget_beat_state(settings: Any) -> int:
         client.close()
 
 
-def _register_handler(celery: Celery, runtime: ParticipantRuntime, handler: Handler) -> None:
+def _register_handler(
+    celery: Celery, saga_app: SagaApp, runtime: ParticipantRuntime, handler: Handler
+) -> None:
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
         request = self.request
         delivery = request.delivery_info or {}
         body: Any = kwargs if not args else {"args": list(args), **kwargs}
-        with _requeue_when_retryable(request):
-            return runtime.execute(
+        outcome = "retried, parked or dead-lettered"
+        with failure_policy(saga_app, request, handler.queue):
+            outcome = runtime.execute(
                 handler,
                 message_id=request.id,
                 headers=request.headers,
                 body=body,
                 redelivered=bool(delivery.get("redelivered")) or bool(request.retries),
+                raise_invalid=True,
             )
+        return outcome  # noqa: RET504 - the policy may end the body early
 
     run.__doc__ = (handler.fn.__doc__ or "").strip() or f"{handler.task_name} command handler"
     celery.task(name=handler.task_name, bind=True, queue=handler.queue)(run)
-
-
-@contextmanager
-def _requeue_when_retryable(request: Any) -> Iterator[None]:
-    """A passing fault (database away, lost race) gives the message back to the queue.
-
-    With a backing service away, the worker pauses before giving the message back, so
-    an outage is not a hot loop of redeliveries. Anything else propagates: Celery
-    rejects the message without requeue and the broker dead-letters it, so nothing is
-    dropped and nothing loops.
-    """
-    try:
-        yield
-    except SagaTasksError as exc:
-        if not exc.retryable:
-            raise
-        headers = request.headers or {}
-        log.warning(
-            "retryable error, message requeued: %s",
-            exc,
-            extra={"saga_id": headers.get("saga_id"), "message_id": request.id},
-        )
-        if isinstance(exc, ServiceUnavailable):
-            time.sleep(OUTAGE_PAUSE)
-        raise Reject(str(exc), requeue=True) from exc
 
 
 class DeclareTopology(bootsteps.StartStopStep):

@@ -2,10 +2,10 @@
 
 Celery logs and acks an undecodable body, and rejects a message with no task name
 or an unknown one; none of that reaches our tasks. Here each of those is written
-to ``saga.invalid_message`` with its reason (and counted) before the message is
-acked, so the worker keeps running and an operator can see what arrived. If even
-the record cannot be written, the message is rejected into the dead-letter queue
-instead of being dropped.
+to ``saga.invalid_message`` with its reason (and counted), parked as it arrived
+(bytes and headers, with the reason) and then acked, so the worker keeps running
+and an operator can see and replay what arrived. If even that fails, the message
+is rejected into the dead-letter queue instead of being dropped.
 
 Protocol 2 defers decoding to the pool; the body is decoded once here first so an
 unparseable one is caught before it becomes an anonymous task failure.
@@ -60,6 +60,24 @@ class SagaConsumer(Consumer):
         try:
             if saga_app is None:
                 raise ServiceUnavailable("saga app", "-", "worker has no saga app attached")
+            from saga_tasks.holding import park_raw
+
+            body = getattr(message, "body", b"")
+            properties = getattr(message, "properties", None) or {}
+            queue = saga_app.topology.queue_for(
+                delivery.get("exchange"), delivery.get("routing_key")
+            )
+            park_raw(
+                saga_app,
+                body=body if isinstance(body, bytes) else str(body).encode(),
+                headers=headers,
+                content_type=properties.get("content_type")
+                or getattr(message, "content_type", None),
+                content_encoding=properties.get("content_encoding")
+                or getattr(message, "content_encoding", None),
+                reason=reason,
+                from_queue=queue or str(delivery.get("routing_key") or "?"),
+            )
             invalid.record(
                 saga_app.engine,
                 consumer=f"worker {getattr(self, 'hostname', '?')}",

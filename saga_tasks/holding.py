@@ -1,0 +1,564 @@
+"""Messages that left the normal path: dead letters and parked messages, and what operators do.
+
+The broker's ``saga.dead_letter`` and ``saga.parking_lot`` queues are transit, not
+storage: a beat task (the intake) moves each message into ``saga.held_message`` with
+what is known of its failure (reason, x-death count, first and last death, original
+queue and routing key, message id), and feeds a dead letter to its saga as an event,
+in the same transaction; the message is acked after that commits. A held message is
+never the end of the story: the saga's history and ``show`` name it.
+
+Operators list, show, replay and discard held messages. A replay first runs the checks
+an incident review asks for (the saga's state, the message's kind and age, its failure
+reason and death count, whether it is a duplicate or late, whether its effect already
+happened) and refuses when one fails, unless forced with a reason of its own. A replay
+publishes the stored message again under its own message id, so consumers deduplicate:
+replaying twice has one effect.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from saga_tasks.errors import ActionRefused, InputError
+from saga_tasks.events import DeadLettered
+from saga_tasks.messages import (
+    H_COMMAND_ID,
+    H_KIND,
+    H_REPLY_TO_KIND,
+    H_SAGA_ID,
+    H_STEP,
+    OutboundMessage,
+)
+from saga_tasks.messaging.topology import (
+    DEAD_LETTER_QUEUE,
+    PARKING_EXCHANGE,
+    PARKING_QUEUE,
+)
+from saga_tasks.persistence import sagas
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.tables import ORCHESTRATOR, held_message, inbox, saga_outbox
+from saga_tasks.states import TERMINAL_SAGA, MessageKind, StepStatus
+
+if TYPE_CHECKING:
+    from saga_tasks.app import SagaApp
+
+log = logging.getLogger("saga_tasks.holding")
+
+DEAD_LETTER = "dead_letter"
+PARKING = "parking"
+HOLDINGS = {DEAD_LETTER: DEAD_LETTER_QUEUE, PARKING: PARKING_QUEUE}
+
+H_DEAD_REASON = "saga_dead_reason"
+H_DEAD_FROM = "saga_dead_from"
+H_PARKED_REASON = "saga_parked_reason"
+H_PARKED_FROM = "saga_parked_from"
+H_HELD_AT = "saga_held_at"
+H_REPLAYED_FROM = "saga_replayed_from"
+_TRANSIENT = (H_DEAD_REASON, H_DEAD_FROM, H_PARKED_REASON, H_PARKED_FROM, H_HELD_AT)
+
+
+def clean_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The message's own headers: without the broker's x-death and our holding marks."""
+    return {
+        k: v
+        for k, v in (headers or {}).items()
+        if not k.startswith("x-") and k not in _TRANSIENT and k != H_REPLAYED_FROM
+    }
+
+
+# -- into holding ---------------------------------------------------------------------------
+
+
+def hold(
+    app: SagaApp,
+    message: OutboundMessage,
+    *,
+    holding: str,
+    reason: str,
+    from_queue: str,
+) -> None:
+    """Send a task message to the dead-letter or parking queue with the reason attached."""
+    marks = {H_HELD_AT: datetime.now(UTC).isoformat()}
+    if holding == DEAD_LETTER:
+        marks |= {H_DEAD_REASON: reason[:500], H_DEAD_FROM: from_queue}
+        queue = DEAD_LETTER_QUEUE
+    else:
+        marks |= {H_PARKED_REASON: reason[:500], H_PARKED_FROM: from_queue}
+        queue = PARKING_QUEUE
+    held = OutboundMessage(
+        message_id=message.message_id,
+        task_name=message.task_name,
+        queue=queue,
+        headers={**clean_headers(message.headers), **marks},
+        body=message.body,
+        saga_id=message.saga_id,
+        routing_key=from_queue,
+    )
+    result = app.publisher.publish([held])
+    if result.error is not None:
+        raise result.error
+
+
+def park_raw(
+    app: SagaApp,
+    *,
+    body: bytes,
+    headers: Mapping[str, Any],
+    content_type: str | None,
+    content_encoding: str | None,
+    reason: str,
+    from_queue: str,
+) -> None:
+    """Park bytes that could not even be read as a task message."""
+    marks = {
+        H_PARKED_REASON: reason[:500],
+        H_PARKED_FROM: from_queue,
+        H_HELD_AT: datetime.now(UTC).isoformat(),
+    }
+    app.publisher.publish_raw(
+        exchange=PARKING_EXCHANGE.name,
+        routing_key=PARKING_QUEUE,
+        body=body,
+        headers={**clean_headers(dict(headers)), **marks},
+        content_type=content_type,
+        content_encoding=content_encoding,
+    )
+
+
+# -- intake ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IntakeReport:
+    holding: str
+    taken: int
+    recorded: int
+    fed_to_sagas: int
+
+
+def intake(app: SagaApp, holding: str, *, limit: int = 500) -> IntakeReport:
+    """Move up to ``limit`` messages from a holding queue into the database."""
+    from kombu import Connection as BrokerConnection
+
+    queue = HOLDINGS[holding]
+    taken = recorded = fed = 0
+    with BrokerConnection(app.settings.broker_url, connect_timeout=5) as broker:
+        channel: Any = broker.channel()
+        try:
+            while taken < limit:
+                message = channel.basic_get(queue=queue, no_ack=False)
+                if message is None:
+                    break
+                taken += 1
+                was_new, was_fed = _take(app, holding, message)
+                recorded += was_new
+                fed += was_fed
+                channel.basic_ack(message.delivery_tag)
+        finally:
+            channel.close()
+    if taken:
+        log.info("intake moved %d messages from %s (%d new)", taken, queue, recorded)
+    return IntakeReport(holding, taken, recorded, fed)
+
+
+def _take(app: SagaApp, holding: str, message: Any) -> tuple[bool, bool]:
+    headers = _jsonable(dict(message.headers or {}))
+    properties = dict(getattr(message, "properties", {}) or {})
+    body: bytes = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    facts = _facts(holding, headers)
+    key = hashlib.sha256(
+        json.dumps(
+            [facts["message_id"], headers.get("x-death"), headers.get(H_HELD_AT)], default=str
+        ).encode()
+        + hashlib.sha256(body).digest()
+    ).hexdigest()
+    try:
+        text_body, is_b64 = body.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text_body, is_b64 = base64.b64encode(body).decode(), True
+    saga_id = facts["saga_id"]
+    messages: list[OutboundMessage] = []
+    with translated(app.settings.database_url), app.engine.begin() as conn:
+        if saga_id is not None and sagas.load(conn, saga_id) is None:
+            saga_id = None
+        row = conn.execute(
+            pg_insert(held_message)
+            .values(
+                holding=holding,
+                delivery_key=key,
+                message_id=facts["message_id"],
+                saga_id=saga_id,
+                step=facts["step"],
+                kind=facts["kind"],
+                task_name=headers.get("task"),
+                original_queue=facts["queue"],
+                original_routing_key=facts["routing_key"],
+                original_exchange=facts["exchange"],
+                reason=facts["reason"],
+                death_count=facts["death_count"],
+                first_death_at=facts["first_death_at"],
+                last_death_at=facts["last_death_at"],
+                content_type=properties.get("content_type"),
+                content_encoding=properties.get("content_encoding"),
+                headers=headers,
+                body=text_body,
+                body_base64=is_b64,
+            )
+            .on_conflict_do_nothing(constraint="uq_held_delivery")
+            .returning(held_message.c.id)
+        ).first()
+        if row is None:
+            return False, False  # taken before, and acked too late: nothing more to do
+        fed = False
+        if saga_id is not None and holding == DEAD_LETTER and facts["kind"] is not None:
+            event = DeadLettered(
+                kind=MessageKind(facts["kind"]),
+                step=facts["step"],
+                command_id=facts["command_id"],
+                message_id=facts["message_id"] or f"held-{row.id}",
+                reason=facts["reason"],
+                held_id=row.id,
+            )
+            messages = app.orchestrator.dead_lettered(conn, saga_id, event)
+            fed = True
+        elif saga_id is not None:
+            sagas.append_note_if_exists(
+                conn,
+                saga_id,
+                event="message_parked",
+                reason=f"held message {row.id} parked: {facts['reason']}",
+                message_id=facts["message_id"],
+                now=app.clock.now(),
+            )
+    if messages:
+        from saga_tasks.delivery import deliver
+
+        deliver(app.engine, saga_outbox, app.publisher, messages)
+    return True, fed
+
+
+def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
+    deaths = headers.get("x-death") or []
+    latest = deaths[0] if deaths else {}
+    times = [d.get("time") for d in deaths if d.get("time")]
+    kind = headers.get(H_KIND)
+    if kind not in {k.value for k in MessageKind}:
+        kind = None
+    saga_id = headers.get(H_SAGA_ID)
+    try:
+        saga_id = str(uuid.UUID(str(saga_id))) if saga_id else None
+    except ValueError:
+        saga_id = None
+    if holding == PARKING:
+        reason = str(headers.get(H_PARKED_REASON) or "parked")
+        queue = headers.get(H_PARKED_FROM)
+    else:
+        if headers.get(H_DEAD_REASON):
+            reason = str(headers[H_DEAD_REASON])
+        else:
+            first = headers.get("x-first-death-reason") or latest.get("reason") or "unknown"
+            reason = f"{first} by the broker"
+        queue = headers.get(H_DEAD_FROM) or latest.get("queue")
+    routing_keys = latest.get("routing-keys") or []
+    return {
+        "message_id": headers.get("id"),
+        "saga_id": saga_id,
+        "step": headers.get(H_STEP),
+        "kind": kind,
+        # A reply's command id names the command it answers; it is not the dead message's.
+        "command_id": headers.get(H_COMMAND_ID) if kind != MessageKind.REPLY.value else None,
+        "reply_to_kind": headers.get(H_REPLY_TO_KIND),
+        "reason": reason[:500],
+        "queue": queue,
+        "routing_key": routing_keys[0] if routing_keys else queue,
+        "exchange": latest.get("exchange"),
+        "death_count": max(
+            int(sum(int(d.get("count", 0)) for d in deaths)), int(headers.get("saga_retry") or 0)
+        ),
+        "first_death_at": _when(min(times)) if times else None,
+        "last_death_at": _when(max(times)) if times else None,
+    }
+
+
+def _when(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+# -- operators ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One replay pre-check: what was looked at, what was found, whether it blocks."""
+
+    name: str
+    finding: str
+    blocks: bool
+
+
+def held(conn: Connection, held_id: int, *, lock: bool = False) -> dict[str, Any]:
+    stmt = select(held_message).where(held_message.c.id == held_id)
+    row = conn.execute(stmt.with_for_update() if lock else stmt).first()
+    if row is None:
+        raise InputError(f"no held message {held_id}")
+    return dict(row._mapping)
+
+
+def replay_checks(app: SagaApp, conn: Connection, row: Mapping[str, Any]) -> list[Check]:
+    """The checks a replay must pass; see the module docstring."""
+    checks: list[Check] = []
+    settings = app.settings
+    if row["status"] != "pending":
+        checks.append(
+            Check(
+                "status",
+                f"already {row['status']} by {row['resolved_by']} at {row['resolved_at']}",
+                True,
+            )
+        )
+    checks.append(Check("failure", f"held because: {row['reason']}", False))
+    if not row["original_queue"]:
+        checks.append(Check("destination", "its original queue is unknown", True))
+    if row["holding"] == PARKING:
+        checks.append(
+            Check("parked", "a parked message made no sense once; fix the cause, then force", True)
+        )
+    age = (app.clock.now() - row["received_at"]).total_seconds()
+    checks.append(Check("age", f"held for {age / 3600:.1f} h", age > settings.replay_max_age))
+    if row["death_count"] >= settings.poison_limit or str(row["reason"]).startswith("poison"):
+        checks.append(
+            Check("deaths", f"dead-lettered or killed its worker {row['death_count']} times", True)
+        )
+    elif row["death_count"]:
+        checks.append(Check("deaths", f"x-death count {row['death_count']}", False))
+    saga_id = row["saga_id"]
+    if saga_id is None:
+        checks.append(Check("saga", "belongs to no known saga", row["holding"] == DEAD_LETTER))
+        return checks
+    state = sagas.load(conn, str(saga_id))
+    if state is None:
+        checks.append(Check("saga", f"saga {saga_id} no longer exists", True))
+        return checks
+    if state.status in TERMINAL_SAGA:
+        checks.append(Check("saga", f"the saga is {state.status.value}", True))
+    else:
+        checks.append(
+            Check("saga", f"the saga is {state.status.value}, version {state.version}", False)
+        )
+    kind, step = row["kind"], row["step"]
+    st = state.steps.get(step) if step else None
+    command_id = (row["headers"] or {}).get(H_COMMAND_ID)
+    if kind == MessageKind.REPLY.value:
+        seen = conn.execute(
+            select(inbox.c.message_id).where(
+                inbox.c.consumer == ORCHESTRATOR, inbox.c.message_id == row["message_id"]
+            )
+        ).first()
+        checks.append(
+            Check("duplicate", "the orchestrator already applied this reply", True)
+            if seen
+            else Check("duplicate", "the orchestrator has not applied this reply", False)
+        )
+    elif kind in (MessageKind.COMMAND.value, MessageKind.COMPENSATION.value) and st is not None:
+        awaited = (
+            st.status is StepStatus.REQUESTED and command_id == st.command_id
+            if kind == MessageKind.COMMAND.value
+            else st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATION_FAILED)
+            and command_id == st.compensation_id
+        )
+        checks.append(
+            Check("late", f"step {step!r} still awaits it ({st.status.value})", False)
+            if awaited
+            else Check("late", f"step {step!r} has moved on ({st.status.value})", True)
+        )
+        done = _effect(app, conn, row["task_name"], command_id)
+        checks.append(
+            Check("effect", f"the participant already executed it ({done})", True)
+            if done
+            else Check("effect", "the participant has no record of it", False)
+        )
+    return checks
+
+
+def _effect(
+    app: SagaApp, conn: Connection, task_name: str | None, command_id: str | None
+) -> str | None:
+    if not task_name or not command_id:
+        return None
+    participant = app.participants.get(task_name.split(".", 1)[0])
+    if participant is None:
+        return None
+    ledger = participant.ledger
+    row = conn.execute(
+        select(ledger.c.kind, ledger.c.outcome).where(ledger.c.command_id == command_id)
+    ).first()
+    return f"{row.kind}, {row.outcome}" if row else None
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    held_id: int
+    replayed: bool
+    forced: bool
+    checks: Sequence[Check]
+
+
+def replay(
+    app: SagaApp,
+    held_id: int,
+    *,
+    actor: str,
+    reason: str,
+    force: bool = False,
+    force_reason: str | None = None,
+) -> ReplayResult:
+    """Publish a held message again to its original queue, if the checks allow it."""
+    _need(actor, reason)
+    if force and not (force_reason or "").strip():
+        raise InputError("a forced replay needs a reason of its own (--force-reason)")
+    with translated(app.settings.database_url), app.engine.begin() as conn:
+        row = held(conn, held_id, lock=True)
+        checks = replay_checks(app, conn, row)
+        blocking = [c for c in checks if c.blocks]
+        refused = "; ".join(c.finding for c in blocking) if blocking and not force else None
+        if refused is None:
+            _publish_held(
+                app, conn, row, actor=actor, reason=reason, force=force, force_reason=force_reason
+            )
+    if refused is not None:
+        with translated(app.settings.database_url), app.engine.begin() as conn:
+            _note(
+                app,
+                conn,
+                row,
+                "replay_refused",
+                actor=actor,
+                reason=f"{reason}; refused: {refused}",
+            )
+        raise ActionRefused(f"replay refused: {refused}")
+    log.warning(
+        "held message %s replayed by %s%s", held_id, actor, " (forced)" if force else "",
+        extra={"saga_id": row["saga_id"], "message_id": row["message_id"]},
+    )  # fmt: skip
+    return ReplayResult(held_id, True, bool(blocking), checks)
+
+
+def _publish_held(
+    app: SagaApp,
+    conn: Connection,
+    row: Mapping[str, Any],
+    *,
+    actor: str,
+    reason: str,
+    force: bool,
+    force_reason: str | None,
+) -> None:
+    held_id = row["id"]
+    body = base64.b64decode(row["body"]) if row["body_base64"] else (row["body"] or "").encode()
+    headers = {**clean_headers(row["headers"]), H_REPLAYED_FROM: str(held_id)}
+    app.publisher.publish_raw(
+        exchange="",
+        routing_key=row["original_queue"],
+        body=body,
+        headers=headers,
+        content_type=row["content_type"],
+        content_encoding=row["content_encoding"],
+    )
+    said = reason if not force else f"{reason}; forced: {force_reason}"
+    conn.execute(
+        update(held_message)
+        .where(held_message.c.id == held_id)
+        .values(status="replayed", resolved_at=app.clock.now(), resolved_by=actor, resolution=said)
+    )
+    _note(
+        app,
+        conn,
+        row,
+        "operator_replay",
+        actor=actor,
+        reason=f"held message {held_id} replayed: {said}",
+    )
+
+
+def discard(app: SagaApp, held_id: int, *, actor: str, reason: str) -> None:
+    """Close a held message without sending it; the decision stays on record."""
+    _need(actor, reason)
+    with translated(app.settings.database_url), app.engine.begin() as conn:
+        row = held(conn, held_id, lock=True)
+        if row["status"] != "pending":
+            raise ActionRefused(f"held message {held_id} is already {row['status']}")
+        conn.execute(
+            update(held_message)
+            .where(held_message.c.id == held_id)
+            .values(
+                status="discarded",
+                resolved_at=app.clock.now(),
+                resolved_by=actor,
+                resolution=reason,
+            )
+        )
+        said = f"held message {held_id} discarded: {reason}"
+        _note(app, conn, row, "operator_discard", actor=actor, reason=said)
+
+
+def _need(actor: str, reason: str) -> None:
+    if not actor.strip() or not reason.strip():
+        raise InputError("an operator action needs --actor and --reason")
+
+
+def _note(
+    app: SagaApp, conn: Connection, row: Mapping[str, Any], event: str, *, actor: str, reason: str
+) -> None:
+    if row["saga_id"] is None:
+        return
+    from saga_tasks.persistence.tables import saga_history, saga_instance
+
+    status = conn.execute(
+        select(saga_instance.c.status).where(saga_instance.c.saga_id == row["saga_id"])
+    ).scalar_one_or_none()
+    if status is None:
+        return
+    conn.execute(
+        insert(saga_history).values(
+            saga_id=row["saga_id"],
+            at=app.clock.now(),
+            event=event,
+            step=row["step"],
+            status_before=status,
+            status_after=status,
+            message_id=row["message_id"],
+            actor=actor,
+            reason=reason[:1000],
+            detail={"held_id": row["id"]},
+        )
+    )

@@ -1,0 +1,155 @@
+"""What a worker does with a message it could not handle: one policy, by failure type.
+
+| failure                                   | what happens                                        |
+|-------------------------------------------|-----------------------------------------------------|
+| ``TransientError``, a lost race           | delayed retry through the TTL retry queues, one     |
+|                                           | tier per retry (``saga_retry`` header counts them); |
+|                                           | tiers spent: dead-letter queue                      |
+| our database away (``ServiceUnavailable``)| back to its queue after a pause, as long as it lasts|
+|                                           | (an outage is nobody's message's fault)             |
+| ``BusinessRejection``                     | a failure reply (in the participant runtime)        |
+| a message that makes no sense             | recorded, then parked with its reason               |
+| any other exception                       | ``SAGA_UNKNOWN_ERROR_RETRIES`` retries, then the    |
+|                                           | dead-letter queue                                   |
+| the worker died handling it, again and    | dead-lettered after ``SAGA_POISON_LIMIT``           |
+| again (SIGKILL, segfault, OOM)            | redeliveries (counted only for redeliveries, so the |
+|                                           | normal path writes nothing); a prefork child lost   |
+|                                           | is re-sent at most ``max_retries`` times by Celery  |
+
+A retry is a copy of the message published to ``<queue>.retry.<n>s`` (confirmed),
+after which the original is acked: no countdown is ever held in a worker's memory.
+Dead-lettering and parking publish a copy with the reason in its headers, then ack;
+the intake moves it into the database and tells its saga.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import Ignore, Reject
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from saga_tasks.errors import InvalidMessage, SagaTasksError, ServiceUnavailable
+from saga_tasks.holding import DEAD_LETTER, PARKING, clean_headers, hold
+from saga_tasks.messages import H_SAGA_ID, OutboundMessage
+from saga_tasks.messaging.topology import retry_queue
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.tables import redelivery
+
+if TYPE_CHECKING:
+    from saga_tasks.app import SagaApp
+
+log = logging.getLogger("saga_tasks.failures")
+
+H_RETRY = "saga_retry"
+OUTAGE_PAUSE = 1.0
+"""Seconds a worker waits before handing back a message it could not handle for an outage."""
+
+
+class Parked(Exception):
+    """Raised by a task body to park its message: it makes no sense here."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _message(request: Any, queue: str, extra: dict[str, Any] | None = None) -> OutboundMessage:
+    headers = clean_headers(request.headers or {})
+    headers.update(extra or {})
+    return OutboundMessage(
+        message_id=request.id,
+        task_name=request.task,
+        queue=queue,
+        headers=headers,
+        body=dict(request.kwargs or {}),
+        saga_id=headers.get(H_SAGA_ID),
+    )
+
+
+def _fields(request: Any) -> dict[str, Any]:
+    return {"saga_id": (request.headers or {}).get(H_SAGA_ID), "message_id": request.id}
+
+
+def _count_redelivery(app: SagaApp, consumer: str, message_id: str) -> int:
+    insert = pg_insert(redelivery).values(consumer=consumer, message_id=message_id, count=1)
+    upsert = insert.on_conflict_do_update(
+        constraint="pk_redelivery",
+        set_={"count": redelivery.c.count + 1, "last_at": insert.excluded.last_at},
+    ).returning(redelivery.c.count)
+    with translated(app.settings.database_url), app.engine.begin() as conn:
+        return int(conn.execute(upsert).scalar_one())
+
+
+@contextmanager
+def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
+    """Run a task body under the failure table above."""
+    delivery = request.delivery_info or {}
+    settings = app.settings
+    if delivery.get("redelivered"):
+        count = _count_redelivery(app, queue, request.id)
+        if count > settings.poison_limit:
+            reason = f"poison: redelivered {count} times, its worker died each time"
+            log.error("dead-lettering a poison message: %s", reason, extra=_fields(request))
+            hold(
+                app, _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue
+            )
+            raise Ignore()  # acked: the copy in the dead-letter queue is what remains
+    try:
+        yield
+    except (Parked, InvalidMessage) as parked:
+        hold(app, _message(request, queue), holding=PARKING, reason=parked.reason, from_queue=queue)
+        log.warning("message parked: %s", parked.reason, extra=_fields(request))
+    except ServiceUnavailable as exc:
+        log.warning("%s; message requeued", exc, extra=_fields(request))
+        time.sleep(OUTAGE_PAUSE)
+        raise Reject(str(exc), requeue=True) from exc
+    except Exception as exc:
+        retries = int((request.headers or {}).get(H_RETRY) or 0)
+        retryable = isinstance(exc, SagaTasksError) and exc.retryable
+        limit = len(settings.retry_delays) if retryable else settings.unknown_error_retries
+        what = (
+            f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, SagaTasksError)
+            else type(exc).__name__
+        )
+        if retries < limit:
+            delay = settings.retry_delays[min(retries, len(settings.retry_delays) - 1)]
+            target = retry_queue(queue, delay)
+            copy = _message(request, target, {H_RETRY: retries + 1})
+            result = app.publisher.publish(
+                [OutboundMessage(**{**copy.__dict__, "routing_key": target})]
+            )
+            if result.error is not None:
+                raise Reject(str(result.error), requeue=True) from exc
+            log.warning(
+                "retry %d of %d in %d s after %s",
+                retries + 1,
+                limit,
+                delay,
+                what,
+                extra=_fields(request),
+            )
+            return
+        reason = f"retries exhausted ({retries}) after {what}"
+        log.error("dead-lettering: %s", reason, extra=_fields(request))
+        hold(app, _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue)
+
+
+def forget_redeliveries(app: SagaApp, older_than_seconds: float = 86400.0) -> int:
+    """Drop old redelivery counts (housekeeping); the number removed."""
+    from sqlalchemy import delete, func, text
+
+    stmt = delete(redelivery).where(
+        redelivery.c.last_at
+        < func.now() - text("make_interval(secs => :s)").bindparams(s=older_than_seconds)
+    )
+    with translated(app.settings.database_url), app.engine.begin() as conn:
+        return int(conn.execute(stmt).rowcount)
+
+
+__all__ = ["H_RETRY", "Parked", "failure_policy", "forget_redeliveries"]
