@@ -35,8 +35,10 @@ class OrderPayload(BaseModel):
     demo_faults: dict[str, str] | None = None
 
 
-def order_saga(time_scale: float = 1.0) -> SagaDefinition:
+def order_saga(time_scale: float = 1.0, on_dead_letter: str = "compensate") -> SagaDefinition:
     """The order saga; ``time_scale`` shrinks every timeout (tests and chaos runs use 0.05).
+
+    ``on_dead_letter`` is every step's dead-letter policy (compensate, manual_review).
 
     Every process of one deployment must use the same scale: deadlines are computed by
     whichever process starts the saga or handles its messages.
@@ -47,12 +49,31 @@ def order_saga(time_scale: float = 1.0) -> SagaDefinition:
     def t(seconds: float) -> float:
         return seconds * time_scale
 
+    dl = on_dead_letter
     return saga(
         "order",
-        step("create_order", orders.create, compensation=orders.cancel, timeout=t(30)),
-        step("reserve_stock", inventory.reserve, compensation=inventory.release, timeout=t(30)),
-        step("authorize_payment", payments.authorize, compensation=payments.void, timeout=t(60)),
-        step("confirm_order", orders.confirm, timeout=t(30)),
+        step(
+            "create_order",
+            orders.create,
+            compensation=orders.cancel,
+            timeout=t(30),
+            on_dead_letter=dl,
+        ),
+        step(
+            "reserve_stock",
+            inventory.reserve,
+            compensation=inventory.release,
+            timeout=t(30),
+            on_dead_letter=dl,
+        ),
+        step(
+            "authorize_payment",
+            payments.authorize,
+            compensation=payments.void,
+            timeout=t(60),
+            on_dead_letter=dl,
+        ),
+        step("confirm_order", orders.confirm, timeout=t(30), on_dead_letter=dl),
         version=1,
         timeout=t(600),
         payload=OrderPayload,

@@ -411,9 +411,13 @@ class _Transition:
             self.note("dead_lettered", step=step.name, message_id=e.message_id, reason=reason,
                       detail=detail)  # fmt: skip
             self.changed = True
-            self.mark_given_up(step, "its command was dead-lettered")
-            if step.on_dead_letter is DeadLetterPolicy.MANUAL_REVIEW or not step.compensable:
+            if step.on_dead_letter is DeadLetterPolicy.MANUAL_REVIEW:
+                # The step still awaits its answer: replaying the message resumes the saga.
                 self.manual_review(f"step {step.name!r}: {reason}")
+                return
+            self.mark_given_up(step, "its command was dead-lettered")
+            if not step.compensable:
+                self.manual_review(f"step {step.name!r}: {reason}; it cannot be undone")
                 return
             self.send_compensation(step, self.steps[step.name])
             if self.status is SagaStatus.RUNNING:
@@ -460,6 +464,7 @@ class _Transition:
             OperatorVerb.SKIP_STEP: self.operator_skip_step,
             OperatorVerb.COMPENSATE: self.operator_compensate,
             OperatorVerb.RESOLVE: self.operator_resolve,
+            OperatorVerb.REPLAY: self.operator_replay,
         }
         handlers[a.verb](a)
 
@@ -566,6 +571,14 @@ class _Transition:
             ):
                 self.send_compensation(s, st, reason=said)
         self.begin_compensation(said)
+
+    def operator_replay(self, a: OperatorAction) -> None:
+        said = f"operator {a.actor}: {a.reason}"
+        self.note("operator_replay", step=a.step, reason=said)
+        if self.status is SagaStatus.MANUAL_REVIEW:
+            resumed = SagaStatus.COMPENSATING if self._compensation_begun() else SagaStatus.RUNNING
+            self.set_status(resumed, self.reason if resumed is SagaStatus.COMPENSATING else None)
+            self.note("saga_resumed", reason=f"resumed for a replay ({said})")
 
     def operator_resolve(self, a: OperatorAction) -> None:
         if self.status is not SagaStatus.MANUAL_REVIEW:

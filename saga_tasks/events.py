@@ -53,6 +53,8 @@ class OperatorVerb(StrEnum):
     SKIP_STEP = "skip_step"
     COMPENSATE = "compensate"
     RESOLVE = "resolve"
+    REPLAY = "replay"
+    """A held message of this saga is published again; a saga in review resumes."""
 
 
 @dataclass(frozen=True)

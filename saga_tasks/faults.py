@@ -43,9 +43,13 @@ class FaultKind(StrEnum):
     DUPLICATE_REPLY = "duplicate_reply"
     """Publish the reply twice."""
     RAISE = "raise"
-    """Raise an unexpected exception inside the handler."""
+    """Raise an unexpected exception on every try of the command's first send."""
     CRASH_AFTER_PUBLISH = "crash_after_publish"
     """SIGKILL after publishing, before the ack or the outbox mark."""
+    TRANSIENT = "transient"
+    """``transient:<n>``: raise ``TransientError`` on the first n tries (retries included)."""
+    POISON = "poison"
+    """SIGKILL the worker on every delivery, redeliveries and retries included."""
 
 
 RELAY = "saga_tasks.relay"
@@ -68,6 +72,14 @@ def parse(spec: str) -> Fault:
     except ValueError:
         valid = ", ".join(k.value for k in FaultKind)
         raise ValueError(f"unknown fault {name!r}; expected one of {valid}") from None
+    if kind is FaultKind.TRANSIENT:
+        try:
+            count = int(arg)
+        except ValueError:
+            raise ValueError("transient needs a count, e.g. 'transient:2'") from None
+        if not 1 <= count <= 100:
+            raise ValueError("transient takes between 1 and 100 tries")
+        return Fault(kind, float(count))
     if kind is FaultKind.SLOW:
         try:
             seconds = float(arg)

@@ -40,6 +40,7 @@ from saga_tasks.messages import (
     H_STEP,
     OutboundMessage,
 )
+from saga_tasks.messaging.taker import RawMessage
 from saga_tasks.messaging.topology import (
     DEAD_LETTER_QUEUE,
     PARKING_EXCHANGE,
@@ -103,7 +104,8 @@ def hold(
         headers={**clean_headers(message.headers), **marks},
         body=message.body,
         saga_id=message.saga_id,
-        routing_key=from_queue,
+        # The dead-letter exchange takes any key (it keeps the origin visible); parking one.
+        routing_key=from_queue if holding == DEAD_LETTER else PARKING_QUEUE,
     )
     result = app.publisher.publish([held])
     if result.error is not None:
@@ -149,33 +151,25 @@ class IntakeReport:
 
 def intake(app: SagaApp, holding: str, *, limit: int = 500) -> IntakeReport:
     """Move up to ``limit`` messages from a holding queue into the database."""
-    from kombu import Connection as BrokerConnection
+    from saga_tasks.messaging.taker import take
 
     queue = HOLDINGS[holding]
-    taken = recorded = fed = 0
-    with BrokerConnection(app.settings.broker_url, connect_timeout=5) as broker:
-        channel: Any = broker.channel()
-        try:
-            while taken < limit:
-                message = channel.basic_get(queue=queue, no_ack=False)
-                if message is None:
-                    break
-                taken += 1
-                was_new, was_fed = _take(app, holding, message)
-                recorded += was_new
-                fed += was_fed
-                channel.basic_ack(message.delivery_tag)
-        finally:
-            channel.close()
+    counts = {"recorded": 0, "fed": 0}
+
+    def handle(message: RawMessage) -> None:
+        was_new, was_fed = _take(app, holding, message)
+        counts["recorded"] += was_new
+        counts["fed"] += was_fed
+
+    taken = take(app.settings.broker_url, queue, handle, limit=limit)
     if taken:
-        log.info("intake moved %d messages from %s (%d new)", taken, queue, recorded)
-    return IntakeReport(holding, taken, recorded, fed)
+        log.info("intake moved %d messages from %s (%d new)", taken, queue, counts["recorded"])
+    return IntakeReport(holding, taken, counts["recorded"], counts["fed"])
 
 
-def _take(app: SagaApp, holding: str, message: Any) -> tuple[bool, bool]:
-    headers = _jsonable(dict(message.headers or {}))
-    properties = dict(getattr(message, "properties", {}) or {})
-    body: bytes = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+def _take(app: SagaApp, holding: str, message: RawMessage) -> tuple[bool, bool]:
+    headers = _jsonable(dict(message.headers))
+    body = message.body
     facts = _facts(holding, headers)
     key = hashlib.sha256(
         json.dumps(
@@ -185,6 +179,8 @@ def _take(app: SagaApp, holding: str, message: Any) -> tuple[bool, bool]:
     ).hexdigest()
     try:
         text_body, is_b64 = body.decode("utf-8"), False
+        if "\x00" in text_body:  # PostgreSQL text cannot hold NUL: keep such bodies as base64
+            raise UnicodeDecodeError("utf-8", body, 0, 1, "NUL byte")
     except UnicodeDecodeError:
         text_body, is_b64 = base64.b64encode(body).decode(), True
     saga_id = facts["saga_id"]
@@ -209,8 +205,8 @@ def _take(app: SagaApp, holding: str, message: Any) -> tuple[bool, bool]:
                 death_count=facts["death_count"],
                 first_death_at=facts["first_death_at"],
                 last_death_at=facts["last_death_at"],
-                content_type=properties.get("content_type"),
-                content_encoding=properties.get("content_encoding"),
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
                 headers=headers,
                 body=text_body,
                 body_base64=is_b64,
@@ -269,6 +265,9 @@ def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
         else:
             first = headers.get("x-first-death-reason") or latest.get("reason") or "unknown"
             reason = f"{first} by the broker"
+            if int(headers.get("retries") or 0):
+                # Celery re-sends a task whose pool child was lost, then lets it die here.
+                reason += f" after {headers['retries']} re-sends for lost worker processes"
         queue = headers.get(H_DEAD_FROM) or latest.get("queue")
     routing_keys = latest.get("routing-keys") or []
     return {
@@ -441,8 +440,14 @@ def replay(
     reason: str,
     force: bool = False,
     force_reason: str | None = None,
+    expect_version: int | None = None,
 ) -> ReplayResult:
-    """Publish a held message again to its original queue, if the checks allow it."""
+    """Publish a held message again to its original queue, if the checks allow it.
+
+    The replay is an operator action on the message's saga too: it is written to its
+    history, a saga in MANUAL_REVIEW resumes, and ``expect_version``, when given, must
+    be the saga's version.
+    """
     _need(actor, reason)
     if force and not (force_reason or "").strip():
         raise InputError("a forced replay needs a reason of its own (--force-reason)")
@@ -451,10 +456,19 @@ def replay(
         checks = replay_checks(app, conn, row)
         blocking = [c for c in checks if c.blocks]
         refused = "; ".join(c.finding for c in blocking) if blocking and not force else None
+        messages: list[OutboundMessage] = []
         if refused is None:
-            _publish_held(
-                app, conn, row, actor=actor, reason=reason, force=force, force_reason=force_reason
-            )
+            said = reason if not force else f"{reason}; forced: {force_reason}"
+            if row["saga_id"] is not None and sagas.load(conn, str(row["saga_id"])) is not None:
+                from saga_tasks.events import OperatorAction, OperatorVerb
+
+                action = OperatorAction(
+                    OperatorVerb.REPLAY, actor, f"held message {held_id}: {said}", step=row["step"]
+                )
+                messages, _ = app.orchestrator.act_in(
+                    conn, str(row["saga_id"]), action, expect_version=expect_version
+                )
+            _publish_held(app, conn, row, actor=actor, said=said)
     if refused is not None:
         with translated(app.settings.database_url), app.engine.begin() as conn:
             _note(
@@ -466,6 +480,10 @@ def replay(
                 reason=f"{reason}; refused: {refused}",
             )
         raise ActionRefused(f"replay refused: {refused}")
+    if messages:
+        from saga_tasks.delivery import deliver
+
+        deliver(app.engine, saga_outbox, app.publisher, messages)
     log.warning(
         "held message %s replayed by %s%s", held_id, actor, " (forced)" if force else "",
         extra={"saga_id": row["saga_id"], "message_id": row["message_id"]},
@@ -474,14 +492,7 @@ def replay(
 
 
 def _publish_held(
-    app: SagaApp,
-    conn: Connection,
-    row: Mapping[str, Any],
-    *,
-    actor: str,
-    reason: str,
-    force: bool,
-    force_reason: str | None,
+    app: SagaApp, conn: Connection, row: Mapping[str, Any], *, actor: str, said: str
 ) -> None:
     held_id = row["id"]
     body = base64.b64decode(row["body"]) if row["body_base64"] else (row["body"] or "").encode()
@@ -494,19 +505,10 @@ def _publish_held(
         content_type=row["content_type"],
         content_encoding=row["content_encoding"],
     )
-    said = reason if not force else f"{reason}; forced: {force_reason}"
     conn.execute(
         update(held_message)
         .where(held_message.c.id == held_id)
         .values(status="replayed", resolved_at=app.clock.now(), resolved_by=actor, resolution=said)
-    )
-    _note(
-        app,
-        conn,
-        row,
-        "operator_replay",
-        actor=actor,
-        reason=f"held message {held_id} replayed: {said}",
     )
 
 

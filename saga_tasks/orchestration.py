@@ -350,22 +350,35 @@ class Orchestrator:
         since the operator looked) or ``ActionRefused`` (the action does not fit).
         """
         self.get(saga_id)  # a clear SagaNotFound for a bad id
-        now = self.clock.now()
         with translated(str(self.engine.url)), self.engine.begin() as conn:
-            state = sagas.lock(conn, saga_id)
-            if state is None:
-                raise SagaNotFound(f"no saga {saga_id}")
-            if state.version != expect_version:
-                raise VersionMismatch(
-                    f"saga {saga_id} is at version {state.version}, not {expect_version}; "
-                    "look at it again before acting",
-                    current=state.version,
-                )
-            definition = self.registry.get(state.saga_type, state.definition_version)
-            decision = decide(definition, state, action, now)
-            messages = self._write_decision(
-                conn, definition, state, decision, now=now, causation_id=None, actor=action.actor
+            messages, after = self.act_in(conn, saga_id, action, expect_version=expect_version)
+        deliver(self.engine, saga_outbox, self._publisher(), messages)
+        return after
+
+    def act_in(
+        self,
+        conn: Connection,
+        saga_id: str,
+        action: OperatorAction,
+        *,
+        expect_version: int | None,
+    ) -> tuple[list[OutboundMessage], SagaState]:
+        """``act`` inside the caller's transaction; the caller publishes after commit."""
+        now = self.clock.now()
+        state = sagas.lock(conn, saga_id)
+        if state is None:
+            raise SagaNotFound(f"no saga {saga_id}")
+        if expect_version is not None and state.version != expect_version:
+            raise VersionMismatch(
+                f"saga {saga_id} is at version {state.version}, not {expect_version}; "
+                "look at it again before acting",
+                current=state.version,
             )
+        definition = self.registry.get(state.saga_type, state.definition_version)
+        decision = decide(definition, state, action, now)
+        messages = self._write_decision(
+            conn, definition, state, decision, now=now, causation_id=None, actor=action.actor
+        )
         self._after_decision(state, decision, None)
         log.warning(
             "operator %s by %s: %s",
@@ -376,8 +389,7 @@ class Orchestrator:
                 decision.state, None, status_before=state.status, status_after=decision.state.status
             ),
         )
-        deliver(self.engine, saga_outbox, self._publisher(), messages)
-        return decision.state
+        return messages, decision.state
 
     def dead_lettered(
         self, conn: Connection, saga_id: str, event: DeadLettered

@@ -33,7 +33,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from saga_tasks import faults, invalid, metrics
 from saga_tasks.clock import Clock
 from saga_tasks.delivery import deliver
-from saga_tasks.errors import BusinessRejection, InvalidMessage
+from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
 from saga_tasks.messages import Command, OutboundMessage, parse_command, reply_message
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE, command_queue
@@ -222,13 +222,23 @@ class ParticipantRuntime:
             "participant": self.participant.name,
             "correlation_id": command.correlation_id,
         }
-        # First execution only: never on a redelivery or a re-send after a timeout.
-        fresh = not redelivered and command.attempt == 1
-        fault = (
-            faults.fault_for(command.payload, handler.task_name, self.demo_faults)
-            if fresh
-            else None
-        )
+        # First execution only: never on a redelivery, a retry or a re-send after a timeout
+        # (a transient fault counts the retries; poison strikes every time).
+        retries = int((headers or {}).get("saga_retry") or 0)
+        fresh = not redelivered and command.attempt == 1 and retries == 0
+        fault = faults.fault_for(command.payload, handler.task_name, self.demo_faults)
+        if fault is not None and fault.kind is faults.FaultKind.POISON:
+            faults.crash("poison: every delivery", **fields)
+        if fault is not None and fault.kind is faults.FaultKind.TRANSIENT:
+            if command.attempt == 1 and retries < fault.seconds:
+                raise TransientError(f"demo fault: transient failure {retries + 1}")
+            fault = None
+        elif fault is not None and fault.kind is faults.FaultKind.RAISE:
+            if command.attempt == 1:
+                raise RuntimeError(f"demo fault in {handler.task_name}")
+            fault = None
+        elif not fresh:
+            fault = None
         with translated(str(engine.url)), engine.begin() as conn:
             reply, duplicate = self._handle(conn, handler, command, fault, fields)
         if duplicate:
@@ -293,8 +303,6 @@ class ParticipantRuntime:
             reply = _Reply(Outcome.SUCCESS, {"nothing_to_undo": nothing_to_undo})
         else:
             reply = self._run(conn, handler, command, now, fields)
-        if fault and fault.kind is faults.FaultKind.RAISE:
-            raise RuntimeError(f"demo fault in {handler.task_name}")
         reply_id = reply_id_for(command.command_id)
         message = self._reply_message(command, reply_id, reply)
         outbox.write(conn, self.participant.outbox, [message])

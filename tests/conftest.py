@@ -28,6 +28,8 @@ ADMIN_URL = os.environ.get(
     "SAGA_TEST_ADMIN_URL", "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres"
 )
 RUN = uuid.uuid4().hex[:6]
+RETRY_TIERS = "1,2,3"
+"""Retry queue delays in tests: the same in this process and in every worker it starts."""
 PREFIX = f"saga_t{RUN}_"
 SERVICE_MARKERS = ("integration", "e2e", "faults")
 
@@ -93,10 +95,13 @@ def settings(isolation: Isolation):
         relay_interval=0.5,
         relay_min_age=1.0,
         demo_faults=True,
+        retry_tiers=RETRY_TIERS,
+        poison_limit=2,
+        intake_interval=0.5,
     )
 
 
-def build_order_app(settings, *, clock=None, time_scale: float = 1.0):
+def build_order_app(settings, *, clock=None, time_scale: float = 1.0, on_dead_letter="compensate"):
     """The example deployment (order saga, three participants) on this test's services."""
     from participants import inventory, orders, payments
     from participants.order_saga import order_saga
@@ -105,7 +110,7 @@ def build_order_app(settings, *, clock=None, time_scale: float = 1.0):
     from saga_tasks.messaging.topology import declare_topology
 
     app = SagaApp(
-        sagas=[order_saga(time_scale)],
+        sagas=[order_saga(time_scale, on_dead_letter)],
         participants=[orders.participant, inventory.participant, payments.participant],
         settings=settings,
         clock=clock,
@@ -167,6 +172,9 @@ class Workers:
             SAGA_RELAY_INTERVAL="0.5",
             SAGA_RELAY_MIN_AGE="1",
             SAGA_SWEEP_INTERVAL="0.3",
+            SAGA_RETRY_TIERS=RETRY_TIERS,
+            SAGA_POISON_LIMIT="2",
+            SAGA_INTAKE_INTERVAL="0.5",
             SAGA_BEAT_LOCK_TIMEOUT="3",
             ORDER_SAGA_TIME_SCALE=str(self.time_scale),
             SAGA_TASKS_APP="participants.app:saga_app",

@@ -35,7 +35,12 @@ def upgrade() -> None:
         sa.Column("death_count", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("first_death_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("last_death_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("received_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.Column(
+            "received_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
         sa.Column("content_type", sa.Text(), nullable=True),
         sa.Column("content_encoding", sa.Text(), nullable=True),
         sa.Column("headers", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
@@ -63,8 +68,12 @@ def upgrade() -> None:
         sa.Column("consumer", sa.Text(), nullable=False),
         sa.Column("message_id", sa.Text(), nullable=False),
         sa.Column("count", sa.Integer(), nullable=False),
-        sa.Column("first_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
-        sa.Column("last_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.Column(
+            "first_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
+        sa.Column(
+            "last_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
         sa.PrimaryKeyConstraint("consumer", "message_id", name="pk_redelivery"),
         schema="saga",
     )
@@ -72,6 +81,11 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("redelivery", schema="saga")
-    op.drop_index("ix_held_pending", table_name="held_message", schema="saga", postgresql_where=sa.text("status = 'pending'"))
+    op.drop_index(
+        "ix_held_pending",
+        table_name="held_message",
+        schema="saga",
+        postgresql_where=sa.text("status = 'pending'"),
+    )
     op.drop_index("ix_held_saga", table_name="held_message", schema="saga")
     op.drop_table("held_message", schema="saga")

@@ -498,6 +498,7 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
     @click.option("--reason", required=True, help="Why; written to the saga's history.")
     @click.option("--force", is_flag=True, help="Replay although a check blocks it.")
     @click.option("--force-reason", help="Why forcing is right (required with --force).")
+    @click.option("--expect-version", type=int, help="The saga's version you decided on.")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
     @click.pass_obj
     def replay_held(
@@ -508,6 +509,7 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
         reason: str,
         force: bool,
         force_reason: str | None,
+        expect_version: int | None,
         as_json: bool,
     ) -> None:
         """Publish a held message again to its queue, if the checks allow it."""
@@ -516,7 +518,13 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
         app = obj.app()
         with _errors():
             result = replay(
-                app, held_id, actor=actor, reason=reason, force=force, force_reason=force_reason
+                app,
+                held_id,
+                actor=actor,
+                reason=reason,
+                force=force,
+                force_reason=force_reason,
+                expect_version=expect_version,
             )
         data = {
             "id": result.held_id,

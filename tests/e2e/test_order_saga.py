@@ -191,9 +191,12 @@ def test_messages_that_make_no_sense_are_recorded_and_the_worker_lives_on(
         order_app.engine, "SELECT body_sha256, body_size, headers FROM saga.invalid_message"
     )
     assert all(b["body_sha256"] and b["body_size"] for b in bodies)
-    assert queue_depths(settings.broker_url, ["saga.replies", "saga.dead_letter"]) == {
+    assert queue_depths(
+        settings.broker_url, ["saga.replies", "saga.dead_letter", "saga.parking_lot"]
+    ) == {
         "saga.replies": 0,
         "saga.dead_letter": 0,
+        "saga.parking_lot": 6,
     }
     assert orchestrator.alive()
     handle = order_app.start_saga("order", "e-7", ORDER)

@@ -49,6 +49,7 @@ def test_start_show_list_json_shapes(env):
     assert {
         "saga_id", "saga_type", "business_key", "status", "status_reason", "version",
         "definition_version", "created_at", "updated_at", "finished_at", "deadline", "steps", "history",
+        "held_messages",
     } == set(view)  # fmt: skip
     assert view["status"] == "RUNNING" and view["version"] == 1
     assert [s["step"] for s in view["steps"]] == [

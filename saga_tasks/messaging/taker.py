@@ -1,0 +1,56 @@
+"""Taking messages off a holding queue one at a time, acking each only once it is handled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kombu import Connection
+
+from saga_tasks.config import mask_url
+from saga_tasks.errors import ServiceUnavailable
+
+
+@dataclass(frozen=True)
+class RawMessage:
+    """A message as the broker delivered it: headers, properties and bytes."""
+
+    headers: Mapping[str, Any]
+    content_type: str | None
+    content_encoding: str | None
+    body: bytes
+
+
+def take(broker_url: str, queue: str, handle: Callable[[RawMessage], None], *, limit: int) -> int:
+    """Hand up to ``limit`` messages of ``queue`` to ``handle``; ack each after it returns.
+
+    If ``handle`` raises, that message is not acked (the broker keeps it) and the
+    error propagates: nothing taken is ever lost.
+    """
+    taken = 0
+    try:
+        with Connection(broker_url, connect_timeout=5) as broker:
+            channel: Any = broker.channel()
+            try:
+                while taken < limit:
+                    message = channel.basic_get(queue=queue, no_ack=False)
+                    if message is None:
+                        break
+                    properties = dict(getattr(message, "properties", {}) or {})
+                    body = message.body
+                    handle(
+                        RawMessage(
+                            headers=dict(message.headers or {}),
+                            content_type=properties.get("content_type"),
+                            content_encoding=properties.get("content_encoding"),
+                            body=body if isinstance(body, bytes) else str(body).encode(),
+                        )
+                    )
+                    channel.basic_ack(message.delivery_tag)
+                    taken += 1
+            finally:
+                channel.close()
+    except OSError as exc:
+        raise ServiceUnavailable("RabbitMQ", mask_url(broker_url), str(exc)) from exc
+    return taken
