@@ -29,6 +29,10 @@ SWEEP_TASK = "saga_tasks.sweep_timeouts"
 INTAKE_TASK = "saga_tasks.intake_held"
 log = logging.getLogger("saga_tasks.tasks")
 
+WORKER_LOST_RETRIES = 3
+"""A lost prefork child's message is sent again at once (``default_retry_delay=0``: no
+ETA held in memory), at most this many times; then it is rejected into the DLQ."""
+
 
 def build_celery(saga_app: SagaApp) -> Celery:
     settings = saga_app.settings
@@ -52,7 +56,6 @@ def build_celery(saga_app: SagaApp) -> Celery:
         # A lost prefork child: the message is sent again, at most max_retries times,
         # then dead-lettered (acks_on_failure=False): bounded, never a loop.
         task_retry_on_worker_lost=True,
-        task_default_retry_delay=0,
         task_track_started=False,
         worker_prefetch_multiplier=settings.prefetch_multiplier,
         worker_send_task_events=True,
@@ -105,7 +108,13 @@ def build_celery(saga_app: SagaApp) -> Celery:
 
 
 def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
-    @celery.task(name=REPLY_TASK, bind=True, queue=REPLY_QUEUE)
+    @celery.task(
+        name=REPLY_TASK,
+        bind=True,
+        queue=REPLY_QUEUE,
+        max_retries=WORKER_LOST_RETRIES,
+        default_retry_delay=0,
+    )
     def reply(self: Any, *args: Any, **kwargs: Any) -> str:
         """Apply a participant's reply to its saga."""
         body: Any = kwargs if not args else {"args": list(args), **kwargs}
@@ -236,7 +245,13 @@ def _register_handler(
         return outcome  # noqa: RET504 - the policy may end the body early
 
     run.__doc__ = (handler.fn.__doc__ or "").strip() or f"{handler.task_name} command handler"
-    celery.task(name=handler.task_name, bind=True, queue=handler.queue)(run)
+    celery.task(
+        name=handler.task_name,
+        bind=True,
+        queue=handler.queue,
+        max_retries=WORKER_LOST_RETRIES,
+        default_retry_delay=0,
+    )(run)
 
 
 class DeclareTopology(bootsteps.StartStopStep):
