@@ -93,7 +93,7 @@ def test_replay_is_refused_when_unsafe_forced_with_a_reason_and_has_one_effect(o
     assert checks["saga"]["blocks"] and "COMPENSATED" in checks["saga"]["finding"]
     assert checks["late"]["blocks"] and checks["effect"]["blocks"]
     assert "tombstone" in checks["effect"]["finding"]
-    with pytest.raises(ActionRefused, match="replay refused: .*the saga is COMPENSATED"):
+    with pytest.raises(ActionRefused, match=r"replay refused: .*the saga is COMPENSATED"):
         replay(app, held["id"], actor="ana", reason="looks stuck")
     with pytest.raises(InputError, match="force-reason"):
         replay(app, held["id"], actor="ana", reason="again", force=True)
