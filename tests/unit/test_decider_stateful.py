@@ -19,8 +19,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from saga_tasks import ReplyReceived
+from saga_tasks.events import DeadLettered
 from saga_tasks.decider import CommandIntent
-from saga_tasks.definitions import LateReplyPolicy, SagaDefinition, saga, step
+from saga_tasks.definitions import (
+    DeadLetterPolicy,
+    LateReplyPolicy,
+    SagaDefinition,
+    saga,
+    step,
+)
 from saga_tasks.states import MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver
 from tests.unit.test_decider_properties import check
@@ -45,6 +52,7 @@ def timed_definitions(draw: st.DrawFn) -> SagaDefinition:
                 retry=draw(st.integers(1, 3)),
                 compensation_retry=draw(st.integers(1, 3)),
                 late_reply=draw(st.sampled_from(list(LateReplyPolicy))),
+                on_dead_letter=draw(st.sampled_from(list(DeadLetterPolicy))),
             )
         )
     return saga("stateful", *steps, timeout=draw(st.sampled_from([30.0, 120.0])))
@@ -124,6 +132,27 @@ class SagaWorld(RuleBasedStateMachine):
         reply = self.replies[index] if keep else self.replies.pop(index)
         before = self.driver.state
         self._decide(before, self.driver.apply(reply))
+
+    @precondition(lambda self: bool(self.commands))
+    @rule(data=st.data())
+    def a_command_is_dead_lettered(self, data: st.DataObject) -> None:
+        """The participant never ran it; the intake tells the saga."""
+        index = data.draw(st.integers(0, len(self.commands) - 1))
+        command = self.commands.pop(index)
+        before = self.driver.state
+        self._decide(
+            before,
+            self.driver.apply(
+                DeadLettered(
+                    kind=command.kind,
+                    step=command.step,
+                    command_id=command.command_id,
+                    message_id=command.message_id,
+                    reason="rejected by the broker",
+                    held_id=index,
+                )
+            ),
+        )
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 40.0]))
     def time_passes(self, seconds: float) -> None:
