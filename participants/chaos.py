@@ -51,10 +51,11 @@ step in its queue into a timeout on a two-core machine.
 """
 
 FAULTS: tuple[tuple[str, dict[str, str] | None, int], ...] = (
-    ("none", None, 53),
+    ("none", None, 50),
     ("declined", None, 6),
     ("out_of_stock", None, 6),
     ("duplicate_reply", {"inventory.reserve": "duplicate_reply"}, 5),
+    ("transient_errors", {"inventory.reserve": "transient:2"}, 3),
     ("slow_reply", {"payments.authorize": "slow:2"}, 5),
     ("slower_than_its_timeout", {"payments.authorize": "slow:15"}, 2),
     ("participant_crash_after_commit", {"orders.create": "crash_after_commit"}, 4),
@@ -142,6 +143,16 @@ def observed(engine: Any) -> dict[str, int]:
             {"e": list(OBSERVED_EVENTS)},
         )
         found = dict.fromkeys(OBSERVED_EVENTS, 0) | {r[0]: r[1] for r in rows}
+        found["held_dead_letters"] = int(
+            conn.execute(
+                text("SELECT count(*) FROM saga.held_message WHERE holding = 'dead_letter'")
+            ).scalar_one()
+        )
+        found["held_parked"] = int(
+            conn.execute(
+                text("SELECT count(*) FROM saga.held_message WHERE holding = 'parking'")
+            ).scalar_one()
+        )
         found["outbox_rows_recovered"] = sum(
             int(conn.execute(text(f"SELECT count(*) FROM {s}.outbox WHERE recovered")).scalar_one())  # noqa: S608
             for s in ("saga", "orders", "inventory", "payments")

@@ -101,7 +101,9 @@ def check(defn: SagaDefinition, before: SagaState, decision: Decision) -> None:
         assert after.finished_at is not None
         assert after.next_wake_at() is None
     if before.status is SagaStatus.MANUAL_REVIEW:
-        assert after.status is SagaStatus.MANUAL_REVIEW, "only an operator takes a saga out of review"
+        assert after.status is SagaStatus.MANUAL_REVIEW, (
+            "only an operator takes a saga out of review"
+        )
     if before.status in TERMINAL_SAGA and after.status != before.status:
         assert after.status is SagaStatus.MANUAL_REVIEW
         assert decision.classification in (Classification.CONFLICTING, Classification.LATE)
