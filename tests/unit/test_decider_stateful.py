@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from saga_tasks import ReplyReceived
-from saga_tasks.events import DeadLettered
 from saga_tasks.decider import CommandIntent
 from saga_tasks.definitions import (
     DeadLetterPolicy,
@@ -28,6 +27,7 @@ from saga_tasks.definitions import (
     saga,
     step,
 )
+from saga_tasks.events import DeadLettered
 from saga_tasks.states import MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver
 from tests.unit.test_decider_properties import check
