@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -91,7 +91,10 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
     delivery = request.delivery_info or {}
     settings = app.settings
     if delivery.get("redelivered"):
-        count = _count_redelivery(app, queue, request.id)
+        try:
+            count = _count_redelivery(app, queue, request.id)
+        except ServiceUnavailable as exc:
+            _pause_and_requeue(exc, request)
         if count > settings.poison_limit:
             reason = f"poison: redelivered {count} times, its worker died each time"
             log.error("dead-lettering a poison message: %s", reason, extra=_fields(request))
@@ -105,9 +108,7 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
         hold(app, _message(request, queue), holding=PARKING, reason=parked.reason, from_queue=queue)
         log.warning("message parked: %s", parked.reason, extra=_fields(request))
     except ServiceUnavailable as exc:
-        log.warning("%s; message requeued", exc, extra=_fields(request))
-        time.sleep(OUTAGE_PAUSE)
-        raise Reject(str(exc), requeue=True) from exc
+        _pause_and_requeue(exc, request)
     except Exception as exc:
         retries = int((request.headers or {}).get(H_RETRY) or 0)
         retryable = isinstance(exc, SagaTasksError) and exc.retryable
@@ -138,6 +139,13 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
         reason = f"retries exhausted ({retries}) after {what}"
         log.error("dead-lettering: %s", reason, extra=_fields(request))
         hold(app, _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue)
+
+
+def _pause_and_requeue(exc: ServiceUnavailable, request: Any) -> NoReturn:
+    """An outage: give the message back after a pause, so it is no hot loop and no loss."""
+    log.warning("%s; message requeued", exc, extra=_fields(request))
+    time.sleep(OUTAGE_PAUSE)
+    raise Reject(str(exc), requeue=True) from exc
 
 
 def forget_redeliveries(app: SagaApp, older_than_seconds: float = 86400.0) -> int:
