@@ -159,7 +159,12 @@ def test_relay_killed_after_publish_before_marking(order_app, workers):
         timeout=30,
         describe="the second publish of the recovered reply to be deduplicated",
     )
-    assert scalar(order_app.engine, "SELECT count(*) FROM inventory.outbox WHERE recovered") == 1
+    # The second pass marks the row once its publish is confirmed (its commit may trail the reply).
+    wait_for(
+        lambda: scalar(order_app.engine, "SELECT count(*) FROM inventory.outbox WHERE recovered") == 1,
+        timeout=30,
+        describe="the recovered reply to be marked published",
+    )
 
 
 def test_a_standby_beat_takes_over_when_the_active_one_is_killed(order_app, workers):
