@@ -161,7 +161,9 @@ def test_relay_killed_after_publish_before_marking(order_app, workers):
     )
     # The second pass marks the row once its publish is confirmed (its commit may trail the reply).
     wait_for(
-        lambda: scalar(order_app.engine, "SELECT count(*) FROM inventory.outbox WHERE recovered") == 1,
+        lambda: (
+            scalar(order_app.engine, "SELECT count(*) FROM inventory.outbox WHERE recovered") == 1
+        ),
         timeout=30,
         describe="the recovered reply to be marked published",
     )
