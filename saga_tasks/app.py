@@ -49,6 +49,9 @@ class SagaApp:
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
+        from saga_tasks import tracing
+
+        tracing.configure(self.settings.trace_export)
         self.registry = Registry(sagas)
         self.participants = {p.name: p for p in participants}
         if len(self.participants) != len(participants):

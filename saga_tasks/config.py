@@ -107,6 +107,31 @@ class Settings:
         86400.0,
         "A held message older than this many seconds is not replayed without --force.",
     )
+    alert_interval: float = _env(
+        "SAGA_ALERT_INTERVAL",
+        30.0,
+        "Seconds between scans for stuck sagas and sagas in manual review to alert on.",
+    )
+    alert_webhook: str = _env(
+        "SAGA_ALERT_WEBHOOK",
+        "",
+        "URL that receives each alert as a JSON POST (empty: alerts are log lines only).",
+    )
+    api_tokens: str = _env(
+        "SAGA_API_TOKENS",
+        "",
+        "actor:token pairs, comma-separated, for operator actions over HTTP; never logged.",
+    )
+    metrics_port: int = _env(
+        "SAGA_METRICS_PORT",
+        0,
+        "Port on which a worker serves Prometheus metrics (0: none; the web app has /metrics).",
+    )
+    trace_export: str = _env(
+        "SAGA_TRACE_EXPORT",
+        "off",
+        "OpenTelemetry spans: off, console, or file:<path> (JSON lines); needs the otel extra.",
+    )
     publish_timeout: float = _env(
         "SAGA_PUBLISH_TIMEOUT",
         5.0,
@@ -149,6 +174,9 @@ class Settings:
             raise ConfigurationError(
                 "SAGA_UNKNOWN_ERROR_RETRIES must be >= 0 and SAGA_POISON_LIMIT >= 1"
             )
+        self.tokens()
+        if not (self.trace_export in ("off", "console") or self.trace_export.startswith("file:")):
+            raise ConfigurationError("SAGA_TRACE_EXPORT must be off, console or file:<path>")
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(
                 f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"
@@ -162,9 +190,34 @@ class Settings:
             "intake_interval",
             "stuck_after",
             "replay_max_age",
+            "alert_interval",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
+
+    def tokens(self) -> dict[str, str]:
+        """``SAGA_API_TOKENS`` as token -> actor."""
+        found: dict[str, str] = {}
+        for pair in filter(None, (p.strip() for p in self.api_tokens.split(","))):
+            actor, sep, token = pair.partition(":")
+            if not sep or not actor.strip() or len(token.strip()) < 16:
+                raise ConfigurationError(
+                    "SAGA_API_TOKENS: actor:token pairs, each token at least 16 characters"
+                )
+            found[token.strip()] = actor.strip()
+        return found
+
+    def __repr__(self) -> str:
+        shown = {
+            f.name: (
+                "***" if f.name == "api_tokens" and getattr(self, f.name) else getattr(self, f.name)
+            )
+            for f in fields(self)
+        }
+        shown["database_url"] = mask_url(self.database_url)
+        shown["broker_url"] = mask_url(self.broker_url)
+        shown["result_backend"] = mask_url(self.result_backend)
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     @property
     def retry_delays(self) -> tuple[int, ...]:

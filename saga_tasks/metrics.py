@@ -1,8 +1,26 @@
-"""Prometheus metrics every saga_tasks process updates (served by the web app and workers)."""
+"""Prometheus metrics: counters kept by each process, gauges read from the database.
+
+Counters and the step latency histogram live in the process that sees the event
+(workers serve them on ``SAGA_METRICS_PORT``; with prefork, set
+``PROMETHEUS_MULTIPROC_DIR``). What must agree across processes (sagas by status,
+outbox lag, held messages, queue depths) is read from PostgreSQL and RabbitMQ at
+scrape time by ``StateCollector``, served by the web app's ``/metrics``.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from saga_tasks.app import SagaApp
+
+log = logging.getLogger("saga_tasks.metrics")
 
 SAGAS_STARTED = Counter("saga_started_total", "Sagas started", ["saga_type"])
 SAGAS_FINISHED = Counter(
@@ -22,3 +40,145 @@ PUBLISH_FAILURES = Counter(
 OUTBOX_RECOVERED = Counter(
     "saga_outbox_recovered_total", "Outbox rows published by recovery", ["outbox"]
 )
+STEP_LATENCY = Histogram(
+    "saga_step_latency_seconds",
+    "From a step's command being sent to its answer being applied",
+    ["saga_type", "step", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+TIMEOUTS = Counter(
+    "saga_timeouts_total",
+    "Deadlines that passed: re-sends, steps given up, compensations re-sent or exhausted",
+    ["saga_type", "step", "action"],
+)
+COMPENSATIONS = Counter(
+    "saga_compensations_total", "Compensations requested", ["saga_type", "step"]
+)
+
+_TIMEOUT_EVENTS = {
+    "step_resent": "resent",
+    "step_given_up": "given_up",
+    "compensation_resent": "compensation_resent",
+    "compensation_exhausted": "compensation_exhausted",
+}
+
+
+def observe_history(
+    saga_type: str, entries: Any, step_latency: Callable[[str], float | None]
+) -> None:
+    """Count what one decision's history entries say happened."""
+    for entry in entries:
+        action = _TIMEOUT_EVENTS.get(entry.event)
+        if action and entry.step:
+            TIMEOUTS.labels(saga_type=saga_type, step=entry.step, action=action).inc()
+        elif entry.event == "compensation_requested" and entry.step:
+            COMPENSATIONS.labels(saga_type=saga_type, step=entry.step).inc()
+        elif entry.event in ("step_succeeded", "step_failed") and entry.step:
+            seconds = step_latency(entry.step)
+            if seconds is not None:
+                outcome = "success" if entry.event == "step_succeeded" else "failure"
+                STEP_LATENCY.labels(saga_type=saga_type, step=entry.step, outcome=outcome).observe(
+                    max(seconds, 0.0)
+                )
+
+
+class StateCollector(Collector):
+    """Gauges read at scrape time, so every process that serves them tells the same story."""
+
+    def __init__(self, app: SagaApp) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            yield from self._collect()
+        except Exception:
+            log.exception("could not read saga state for /metrics")
+            up = GaugeMetricFamily("saga_state_up", "1 when the state gauges could be read")
+            up.add_metric([], 0)
+            yield up
+
+    def _collect(self) -> Iterator[GaugeMetricFamily]:
+        from sqlalchemy import func, select
+
+        from saga_tasks.persistence.tables import held_message, saga_instance
+
+        app = self.app
+        sagas = GaugeMetricFamily(
+            "saga_sagas", "Sagas by type and status", labels=["saga_type", "status"]
+        )
+        active = GaugeMetricFamily("saga_active", "Active sagas by status", labels=["status"])
+        lag = GaugeMetricFamily(
+            "saga_outbox_lag_seconds", "Age of the oldest unpublished outbox row", labels=["outbox"]
+        )
+        held = GaugeMetricFamily(
+            "saga_held_pending", "Held messages waiting for an operator", labels=["holding"]
+        )
+        with app.engine.connect() as conn:
+            counts = conn.execute(
+                select(saga_instance.c.saga_type, saga_instance.c.status, func.count()).group_by(
+                    saga_instance.c.saga_type, saga_instance.c.status
+                )
+            ).all()
+            by_status: dict[str, int] = {"RUNNING": 0, "COMPENSATING": 0}
+            for saga_type, status, n in counts:
+                sagas.add_metric([saga_type, status], n)
+                if status in by_status:
+                    by_status[status] += n
+            for status, n in by_status.items():
+                active.add_metric([status], n)
+            from saga_tasks.persistence.outbox import oldest_unpublished_age
+
+            for table in app.outbox_tables():
+                lag.add_metric(
+                    [f"{table.schema}.{table.name}"], oldest_unpublished_age(conn, table) or 0.0
+                )
+            pending: dict[str, int] = dict(
+                conn.execute(
+                    select(held_message.c.holding, func.count())
+                    .where(held_message.c.status == "pending")
+                    .group_by(held_message.c.holding)
+                ).all()
+            )
+            for holding in ("dead_letter", "parking"):
+                held.add_metric([holding], pending.get(holding, 0))
+        yield sagas
+        yield active
+        yield lag
+        yield held
+        yield self._queue_depths()
+        up = GaugeMetricFamily("saga_state_up", "1 when the state gauges could be read")
+        up.add_metric([], 1)
+        yield up
+
+    def _queue_depths(self) -> GaugeMetricFamily:
+        from saga_tasks.messaging.topology import DEAD_LETTER_QUEUE, PARKING_QUEUE
+        from saga_tasks.ops.isolation import queue_depths
+
+        depth = GaugeMetricFamily("saga_queue_depth", "Ready messages in a queue", labels=["queue"])
+        names = [
+            *self.app.topology.command_queues,
+            "saga.replies",
+            DEAD_LETTER_QUEUE,
+            PARKING_QUEUE,
+        ]
+        for name, n in queue_depths(self.app.settings.broker_url, names).items():
+            depth.add_metric([name], n)
+        return depth
+
+
+def serve_worker_metrics(port: int) -> None:
+    """Serve this worker's counters on ``port`` (aggregated across prefork children when
+    ``PROMETHEUS_MULTIPROC_DIR`` is set)."""
+    import os
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        start_http_server(port, registry=registry)
+    else:
+        start_http_server(port)
+    log.info("worker metrics on port %d", port)

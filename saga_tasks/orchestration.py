@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 
-from saga_tasks import faults, metrics
+from saga_tasks import faults, metrics, tracing
 from saga_tasks.clock import Clock
 from saga_tasks.decider import CommandIntent, Decision, decide
 from saga_tasks.definitions import SagaDefinition
@@ -152,6 +152,21 @@ class Orchestrator:
         clean = definition.validate_payload(payload)
         faults.validate_payload_faults(clean, self.demo_faults)
         digest = sagas.payload_hash(clean)
+        with tracing.span(f"saga.start {saga_type}", traceparent, **{"saga.type": saga_type}) as tp:
+            return self._start(
+                definition, business_key, clean, digest=digest, traceparent=tp, session=session
+            )
+
+    def _start(
+        self,
+        definition: SagaDefinition,
+        business_key: str,
+        clean: dict[str, Any],
+        *,
+        digest: str,
+        traceparent: str | None,
+        session: Session | None,
+    ) -> SagaHandle:
         now = self.clock.now()
         saga_id = str(uuid.uuid4())
         state = SagaState.new(
@@ -228,6 +243,34 @@ class Orchestrator:
     # -- replies --------------------------------------------------------------------------
 
     def handle_reply(
+        self,
+        message_id: str,
+        headers: Mapping[str, Any] | None,
+        body: Any,
+        *,
+        routing_key: str | None = None,
+        redelivered: bool = False,
+        raise_invalid: bool = False,
+    ) -> Classification:
+        """Apply one reply; every outcome is written down.
+
+        A message that makes no sense is recorded and returns INVALID, or with
+        ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
+        """
+        step = (headers or {}).get("saga_step")
+        with tracing.span(
+            f"saga.reply {step}", (headers or {}).get("traceparent"), **tracing.attributes(headers)
+        ):
+            return self._handle_reply(
+                message_id,
+                headers,
+                body,
+                routing_key=routing_key,
+                redelivered=redelivered,
+                raise_invalid=raise_invalid,
+            )
+
+    def _handle_reply(
         self,
         message_id: str,
         headers: Mapping[str, Any] | None,
@@ -453,6 +496,14 @@ class Orchestrator:
         self, before: SagaState, decision: Decision, message_id: str | None
     ) -> None:
         after = decision.state
+
+        def step_latency(step: str) -> float | None:
+            st = after.steps.get(step)
+            if st is None or st.requested_at is None or st.finished_at is None:
+                return None
+            return (st.finished_at - st.requested_at).total_seconds()
+
+        metrics.observe_history(after.saga_type, decision.history, step_latency)
         if message_id is not None:
             metrics.MESSAGES.labels(
                 consumer=ORCHESTRATOR, classification=decision.classification.value

@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, MetaData, Table, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from saga_tasks import faults, invalid, metrics
+from saga_tasks import faults, invalid, metrics, tracing
 from saga_tasks.clock import Clock
 from saga_tasks.delivery import deliver
 from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
@@ -181,6 +181,35 @@ class ParticipantRuntime:
         self.demo_faults = demo_faults
 
     def execute(
+        self,
+        handler: Handler,
+        *,
+        message_id: str,
+        headers: Mapping[str, Any] | None,
+        body: Any,
+        redelivered: bool,
+        raise_invalid: bool = False,
+    ) -> str:
+        """Handle one delivery; return what happened (for logs and tests).
+
+        A message that makes no sense is recorded and returns ``"invalid"``, or with
+        ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
+        """
+        with tracing.span(
+            f"saga.command {handler.task_name}",
+            (headers or {}).get("traceparent"),
+            **tracing.attributes(headers),
+        ):
+            return self._execute(
+                handler,
+                message_id=message_id,
+                headers=headers,
+                body=body,
+                redelivered=redelivered,
+                raise_invalid=raise_invalid,
+            )
+
+    def _execute(
         self,
         handler: Handler,
         *,
