@@ -28,6 +28,7 @@ ADMIN_URL = os.environ.get(
     "SAGA_TEST_ADMIN_URL", "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres"
 )
 RUN = uuid.uuid4().hex[:6]
+ANA_TOKEN = "token-of-ana-0123456789"
 RETRY_TIERS = "1,2,3"
 """Retry queue delays in tests: the same in this process and in every worker it starts."""
 PREFIX = f"saga_t{RUN}_"
@@ -98,6 +99,7 @@ def settings(isolation: Isolation):
         retry_tiers=RETRY_TIERS,
         poison_limit=2,
         intake_interval=0.5,
+        api_tokens=f"ana:{ANA_TOKEN}",
     )
 
 

@@ -294,6 +294,23 @@ def invalid(obj: _Context, limit: int, as_json: bool) -> None:
     _emit(view, as_json, render)
 
 
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.pass_obj
+def web(obj: _Context, host: str, port: int) -> None:
+    """Serve the HTTP API, /metrics and the dashboard."""
+    import uvicorn
+
+    from saga_tasks.web import create_web_app
+
+    app = obj.app()
+    with _errors():
+        web_app = create_web_app(app)
+    click.echo(f"saga_tasks web on http://{host}:{port} (API docs at /docs)")
+    uvicorn.run(web_app, host=host, port=port, log_level="info", access_log=False)
+
+
 # -- operators ------------------------------------------------------------------------------
 
 

@@ -94,10 +94,13 @@ def list_view(
     *,
     status: SagaStatus | None = None,
     saga_type: str | None = None,
+    business_key: str | None = None,
     limit: int = 50,
 ) -> dict[str, Any]:
     with translated(app.settings.database_url), app.engine.connect() as conn:
-        rows = sagas.list_sagas(conn, status=status, saga_type=saga_type, limit=limit)
+        rows = sagas.list_sagas(
+            conn, status=status, saga_type=saga_type, business_key=business_key, limit=limit
+        )
     items = [
         {
             "saga_id": str(r["saga_id"]),

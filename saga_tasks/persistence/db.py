@@ -15,7 +15,7 @@ from sqlalchemy import Engine, create_engine, exc, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import mask_url
-from saga_tasks.errors import ConcurrencyConflict, ServiceUnavailable
+from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable
 
 _engines: dict[tuple[int, str, int], Engine] = {}
 _lock = threading.Lock()
@@ -54,9 +54,17 @@ def dispose_all() -> None:
 
 @contextmanager
 def translated(url: str) -> Iterator[None]:
-    """Turn SQLAlchemy's connection and serialization errors into saga_tasks errors."""
+    """Turn database errors into saga_tasks errors: a connection lost or refused is a
+    ``ServiceUnavailable``, a lost serialization race a ``ConcurrencyConflict``, a value
+    PostgreSQL cannot store (NUL characters, out-of-range numbers) an ``InputError``."""
     try:
         yield
+    except exc.DataError as error:
+        raise InputError(f"a value cannot be stored: {_first_line(error)}") from error
+    except ValueError as error:
+        if "NUL" not in str(error):
+            raise
+        raise InputError("text must not contain NUL characters") from error
     except exc.OperationalError as error:
         if _is_serialization_failure(error):
             raise ConcurrencyConflict(str(error.orig).strip()) from error

@@ -360,6 +360,7 @@ def list_sagas(
     *,
     status: SagaStatus | None = None,
     saga_type: str | None = None,
+    business_key: str | None = None,
     limit: int = 50,
 ) -> list[dict[str, Any]]:
     stmt = select(
@@ -377,5 +378,7 @@ def list_sagas(
         stmt = stmt.where(saga_instance.c.status == status.value)
     if saga_type is not None:
         stmt = stmt.where(saga_instance.c.saga_type == saga_type)
+    if business_key is not None:
+        stmt = stmt.where(saga_instance.c.business_key == business_key)
     stmt = stmt.order_by(saga_instance.c.created_at.desc()).limit(limit)
     return [dict(r._mapping) for r in conn.execute(stmt)]

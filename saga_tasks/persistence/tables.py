@@ -58,6 +58,8 @@ saga_instance = Table(
     ),
     Index("ix_saga_status_updated", "status", "updated_at"),
     Index("ix_saga_created", "created_at"),
+    Index("ix_saga_status_created", "status", "created_at"),
+    Index("ix_saga_business_key", "business_key"),
     schema=SAGA_SCHEMA,
 )
 
@@ -241,3 +243,25 @@ redelivery = Table(
 """Redeliveries per message: a message that keeps killing its worker is dead-lettered
 after a bounded number of them. Only redelivered messages are counted, so the hot
 path (first deliveries) writes nothing here."""
+
+alert_sent = Table(
+    "alert_sent",
+    metadata,
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("condition", Text, nullable=False),
+    Column("sent_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("saga_id", "condition", name="pk_alert_sent"),
+    schema=SAGA_SCHEMA,
+)
+"""One row per saga and alert condition: an alert is sent once, whatever scans overlap."""
+
+api_idempotency = Table(
+    "api_idempotency",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("request_hash", Text, nullable=False),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    schema=SAGA_SCHEMA,
+)
+"""``Idempotency-Key`` of HTTP starts: a repeat gets the first answer; a different body, 409."""

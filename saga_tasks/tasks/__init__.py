@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 RELAY_TASK = "saga_tasks.relay_outbox"
 SWEEP_TASK = "saga_tasks.sweep_timeouts"
 INTAKE_TASK = "saga_tasks.intake_held"
+ALERT_TASK = "saga_tasks.alert_scan"
 log = logging.getLogger("saga_tasks.tasks")
 
 WORKER_LOST_RETRIES = 3
@@ -80,6 +81,14 @@ def build_celery(saga_app: SagaApp) -> Celery:
                     "queue": MAINTENANCE_QUEUE,
                 },
             },
+            "saga-alert-scan": {
+                "task": ALERT_TASK,
+                "schedule": settings.alert_interval,
+                "options": {
+                    "expires": max(settings.alert_interval * 2, 1.0),
+                    "queue": MAINTENANCE_QUEUE,
+                },
+            },
             "saga-timeout-sweep": {
                 "task": SWEEP_TASK,
                 "schedule": settings.sweep_interval,
@@ -104,7 +113,21 @@ def build_celery(saga_app: SagaApp) -> Celery:
         for handler in runtime.participant.handlers.values():
             _register_handler(celery, saga_app, runtime, handler)
     _connect_logging(saga_app)
+    if settings.metrics_port:
+        _serve_metrics_when_ready(celery, settings.metrics_port)
     return celery
+
+
+def _serve_metrics_when_ready(celery: Celery, port: int) -> None:
+    from celery.signals import worker_ready
+
+    def serve(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is celery:
+            from saga_tasks.metrics import serve_worker_metrics
+
+            serve_worker_metrics(port)
+
+    worker_ready.connect(serve, weak=False)
 
 
 def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
@@ -151,6 +174,13 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
         from saga_tasks.holding import DEAD_LETTER, PARKING, intake
 
         return {h: intake(saga_app, h).taken for h in (DEAD_LETTER, PARKING)}
+
+    @celery.task(name=ALERT_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
+    def alert_scan(self: Any) -> int:
+        """Alert, once per saga and channel, on sagas stuck or waiting in manual review."""
+        from saga_tasks.alerts import scan
+
+        return scan(saga_app)
 
     @celery.task(name=RELAY_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def relay_outbox(self: Any) -> dict[str, int]:

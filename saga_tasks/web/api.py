@@ -1,0 +1,392 @@
+"""JSON routes, problem+json errors, bearer-token actors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from saga_tasks.app import SagaApp
+from saga_tasks.errors import (
+    ActionRefused,
+    BusinessKeyConflict,
+    ConfigurationError,
+    InputError,
+    InvalidPayload,
+    SagaNotFound,
+    SagaTasksError,
+    ServiceUnavailable,
+    UnknownSagaType,
+    VersionMismatch,
+)
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.tables import api_idempotency
+from saga_tasks.states import SagaStatus
+
+PROBLEM = "application/problem+json"
+PROBLEM_BASE = "https://saga-tasks.dev/problems/"
+
+
+class Problem(Exception):
+    """An error answered as problem+json."""
+
+    def __init__(self, status: int, kind: str, title: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
+        self.title = title
+        self.detail = detail
+        self.extra = extra
+
+
+def problem_response(p: Problem, instance: str | None = None) -> JSONResponse:
+    body = {"type": PROBLEM_BASE + p.kind, "title": p.title, "status": p.status, "detail": p.detail}
+    if instance:
+        body["instance"] = instance
+    body.update(p.extra)
+    headers = {"WWW-Authenticate": 'Bearer realm="saga_tasks"'} if p.status == 401 else None
+    return JSONResponse(body, status_code=p.status, media_type=PROBLEM, headers=headers)
+
+
+def translate(exc: SagaTasksError) -> Problem:
+    """Our errors, by kind, as HTTP problems."""
+    if isinstance(exc, SagaNotFound):
+        return Problem(404, "saga-not-found", "No such saga", str(exc))
+    if isinstance(exc, UnknownSagaType):
+        return Problem(404, "unknown-saga-type", "Unknown saga type", str(exc))
+    if isinstance(exc, InvalidPayload):
+        return Problem(422, "invalid-payload", "Invalid payload", str(exc))
+    if isinstance(exc, BusinessKeyConflict):
+        return Problem(
+            409, "business-key-conflict", "Business key already used", str(exc), saga_id=exc.saga_id
+        )
+    if isinstance(exc, VersionMismatch):
+        return Problem(
+            409, "version-mismatch", "The saga moved on", str(exc), current_version=exc.current
+        )
+    if isinstance(exc, ActionRefused):
+        return Problem(409, "action-refused", "Action refused", str(exc))
+    if isinstance(exc, InputError):
+        return Problem(400, "bad-request", "Bad request", str(exc))
+    if isinstance(exc, ServiceUnavailable):
+        return Problem(503, "service-unavailable", f"{exc.service} unavailable", str(exc))
+    if isinstance(exc, ConfigurationError):
+        return Problem(500, "configuration", "Server misconfigured", str(exc))
+    return Problem(500, "internal", "Internal error", type(exc).__name__)
+
+
+# -- request and response models ------------------------------------------------------------
+
+
+class StartRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    business_key: str = Field(min_length=1, max_length=200)
+    payload: dict[str, Any]
+
+
+class StartResponse(BaseModel):
+    saga_id: str
+    saga_type: str
+    business_key: str
+    correlation_id: str
+    status: SagaStatus
+    created: bool
+    status_url: str
+
+
+class ActionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=1000)
+    expect_version: int = Field(ge=0)
+    step: str | None = Field(default=None, max_length=200)
+    status: Literal["COMPLETED", "COMPENSATED", "FAILED"] | None = None
+
+
+class HeldActionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=1000)
+    force: bool = False
+    force_reason: str | None = Field(default=None, max_length=1000)
+    expect_version: int | None = Field(default=None, ge=0)
+
+
+Action = Literal["retry-step", "skip-step", "compensate", "resolve"]
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"description": title, "content": {PROBLEM: {"schema": {"type": "object"}}}}
+    for code, title in (
+        (400, "Bad request"),
+        (401, "Missing or unknown bearer token"),
+        (404, "Not found"),
+        (409, "Conflict with the saga's state or version"),
+        (422, "Invalid input"),
+        (503, "A backing service is unavailable"),
+    )
+}
+
+
+def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The operator a bearer token names (``SAGA_API_TOKENS``); 401 for anything else."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Problem(
+            401, "unauthorized", "Unauthorized", "an operator action needs a bearer token"
+        )
+    tokens: dict[str, str] = request.app.state.tokens
+    for known, name in tokens.items():
+        if secrets.compare_digest(known.encode(), token.strip().encode()):
+            return name
+    raise Problem(401, "unauthorized", "Unauthorized", "unknown token")
+
+
+def build(app: SagaApp) -> FastAPI:
+    web = FastAPI(
+        title="saga_tasks",
+        version="1",
+        description="Start sagas, read them, and act on them as an operator.",
+        responses=PROBLEMS,
+    )
+    web.state.saga_app = app
+    web.state.tokens = app.settings.tokens()
+    saga_types = sorted({d.saga_type for d in app.registry})
+
+    @web.exception_handler(Problem)
+    async def on_problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc, request.url.path)
+
+    @web.exception_handler(SagaTasksError)
+    async def on_saga_error(request: Request, exc: SagaTasksError) -> JSONResponse:
+        return problem_response(translate(exc), request.url.path)
+
+    @web.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+            for e in exc.errors()
+        )
+        return problem_response(
+            Problem(422, "invalid-request", "Invalid request", problems), request.url.path
+        )
+
+    @web.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem_response(
+            Problem(exc.status_code, "http", str(exc.detail), str(exc.detail)), request.url.path
+        )
+
+    # -- health and metrics ---------------------------------------------------------------
+
+    @web.get("/healthz", tags=["operations"])
+    def healthz() -> dict[str, str]:
+        """Liveness, and whether PostgreSQL answers."""
+        from saga_tasks.persistence.db import check_database
+
+        check_database(app.settings.database_url)
+        return {"status": "ok"}
+
+    @web.get("/metrics", tags=["operations"], response_class=Response)
+    def metrics() -> Response:
+        """Prometheus text: this process's counters and the state gauges read now."""
+        from prometheus_client import (
+            CONTENT_TYPE_LATEST,
+            REGISTRY,
+            CollectorRegistry,
+            generate_latest,
+        )
+
+        from saga_tasks.metrics import StateCollector
+
+        state = CollectorRegistry(auto_describe=False)
+        state.register(StateCollector(app))
+        return Response(
+            generate_latest(REGISTRY) + generate_latest(state), media_type=CONTENT_TYPE_LATEST
+        )
+
+    # -- sagas ----------------------------------------------------------------------------
+
+    @web.post("/sagas/{saga_type}", status_code=202, response_model=StartResponse, tags=["sagas"])
+    def start(
+        request: Request,
+        body: StartRequest,
+        idempotency_key: Annotated[str, Header(min_length=1, max_length=200)],
+        traceparent: Annotated[str | None, Header(max_length=100)] = None,
+        # A default, not an annotation: the enum is this app's saga types.
+        saga_type: str = Path(min_length=1, max_length=100, json_schema_extra={"enum": saga_types}),
+    ) -> StartResponse:
+        """Start a saga. Repeating a request with the same ``Idempotency-Key`` returns the
+        first answer; the same key with another body is a conflict."""
+        digest = hashlib.sha256(
+            json.dumps(
+                [saga_type, body.business_key, body.payload], sort_keys=True, default=str
+            ).encode()
+        ).hexdigest()
+        with translated(app.settings.database_url), app.engine.connect() as conn:
+            seen = conn.execute(
+                select(api_idempotency).where(api_idempotency.c.key == idempotency_key)
+            ).first()
+        if seen is not None and seen.request_hash != digest:
+            raise Problem(
+                409,
+                "idempotency-key-reused",
+                "Idempotency-Key reused",
+                "this Idempotency-Key was used for another request",
+            )
+        if traceparent is not None:
+            from saga_tasks.tracing import TRACEPARENT
+
+            if not TRACEPARENT.match(traceparent):
+                traceparent = None  # a malformed header starts a new trace, as W3C asks
+        handle = app.start_saga(saga_type, body.business_key, body.payload, traceparent=traceparent)
+        with translated(app.settings.database_url), app.engine.begin() as conn:
+            conn.execute(
+                pg_insert(api_idempotency)
+                .values(key=idempotency_key, request_hash=digest, saga_id=handle.saga_id)
+                .on_conflict_do_nothing(index_elements=["key"])
+            )
+        state = app.orchestrator.get(handle.saga_id)
+        return StartResponse(
+            saga_id=handle.saga_id,
+            saga_type=handle.saga_type,
+            business_key=handle.business_key,
+            correlation_id=state.correlation_id or handle.saga_id,
+            status=state.status,
+            created=handle.created and seen is None,
+            status_url=str(request.url_for("get_saga", saga_id=handle.saga_id)),
+        )
+
+    @web.get("/sagas/{saga_id}", tags=["sagas"], name="get_saga")
+    def get_saga(saga_id: Annotated[str, Path(max_length=100)]) -> dict[str, Any]:
+        """One saga: status, steps, history, held messages."""
+        from saga_tasks.ops.views import saga_view
+
+        return saga_view(app, saga_id)
+
+    @web.get("/sagas", tags=["sagas"])
+    def list_sagas(
+        status: SagaStatus | None = None,
+        saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
+        business_key: Annotated[str | None, Query(max_length=200)] = None,
+        stuck: bool = False,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    ) -> dict[str, Any]:
+        """Sagas, newest first; ``stuck=true``: active ones with no change for a while."""
+        from saga_tasks.ops.operator import stuck as find_stuck
+        from saga_tasks.ops.views import list_view
+
+        if stuck:
+            return find_stuck(app, limit=limit)
+        if saga_type is not None:
+            app.registry.latest(saga_type)
+        return list_view(
+            app, status=status, saga_type=saga_type, business_key=business_key, limit=limit
+        )
+
+    @web.post("/sagas/{saga_id}/{action}", tags=["operators"])
+    def act(
+        saga_id: Annotated[str, Path(max_length=100)],
+        action: Action,
+        body: ActionRequest,
+        who: Annotated[str, Depends(actor)],
+    ) -> dict[str, Any]:
+        """An operator action, audited with the token's actor."""
+        from saga_tasks.ops.operator import act as do
+
+        if action in ("retry-step", "skip-step") and not body.step:
+            raise Problem(422, "invalid-request", "Invalid request", f"{action} needs a step")
+        if action == "resolve" and not body.status:
+            raise Problem(422, "invalid-request", "Invalid request", "resolve needs a status")
+        return do(
+            app,
+            saga_id,
+            action.replace("-", "_"),
+            actor=who,
+            reason=body.reason,
+            expect_version=body.expect_version,
+            step=body.step,
+            resolution=body.status,
+        )
+
+    # -- held messages --------------------------------------------------------------------
+
+    @web.get("/held", tags=["held messages"])
+    def held_messages(
+        holding: Literal["dead_letter", "parking"] = "dead_letter",
+        status: Literal["pending", "replayed", "discarded", "all"] = "pending",
+        saga_id: Annotated[str | None, Query(max_length=100)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    ) -> dict[str, Any]:
+        """Messages taken off the dead-letter queue or the parking lot."""
+        import uuid
+
+        from saga_tasks.ops.operator import held_list
+
+        if saga_id is not None:
+            try:
+                saga_id = str(uuid.UUID(saga_id))
+            except ValueError:
+                raise Problem(
+                    422, "invalid-request", "Invalid request", "saga_id is not a UUID"
+                ) from None
+        return held_list(
+            app, holding, status=None if status == "all" else status, saga_id=saga_id, limit=limit
+        )
+
+    @web.get("/held/{held_id}", tags=["held messages"])
+    def held_message(held_id: Annotated[int, Path(ge=1, le=2**62)]) -> dict[str, Any]:
+        """One held message, with the checks a replay would run now."""
+        from saga_tasks.ops.operator import held_show
+
+        try:
+            return held_show(app, held_id)
+        except InputError as exc:
+            raise Problem(404, "held-message-not-found", "No such held message", str(exc)) from exc
+
+    @web.post("/held/{held_id}/{verb}", tags=["held messages"])
+    def held_action(
+        held_id: Annotated[int, Path(ge=1, le=2**62)],
+        verb: Literal["replay", "discard"],
+        body: HeldActionRequest,
+        who: Annotated[str, Depends(actor)],
+    ) -> dict[str, Any]:
+        """Replay (after its checks) or discard a held message, audited with the token's actor."""
+        from saga_tasks.holding import discard, replay
+        from saga_tasks.ops.operator import held_show
+
+        try:
+            if verb == "replay":
+                replay(
+                    app,
+                    held_id,
+                    actor=who,
+                    reason=body.reason,
+                    force=body.force,
+                    force_reason=body.force_reason,
+                    expect_version=body.expect_version,
+                )
+            else:
+                discard(app, held_id, actor=who, reason=body.reason)
+        except ActionRefused:
+            raise
+        except InputError as exc:
+            if "no held message" in str(exc):
+                raise Problem(
+                    404, "held-message-not-found", "No such held message", str(exc)
+                ) from exc
+            raise
+        return held_show(app, held_id)
+
+    from saga_tasks.web.dashboard import mount
+
+    mount(web, app)
+    return web

@@ -1,0 +1,243 @@
+"""The dashboard: server-rendered pages over the same views as the API and the CLI.
+
+Every query is bounded and indexed (status and creation time, business key, held
+messages pending), so the pages stay fast with hundreds of thousands of sagas.
+Operator buttons call the JSON API with the bearer token the operator typed, kept
+in the browser's local storage only.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sqlalchemy import func, select, text
+
+from saga_tasks.app import SagaApp
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.tables import held_message, saga_instance
+from saga_tasks.states import SagaStatus
+
+HERE = Path(__file__).parent
+STATUS_ORDER = [s.value for s in SagaStatus]
+
+_env = Environment(
+    loader=FileSystemLoader(HERE / "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def mount(web: FastAPI, app: SagaApp) -> None:
+    web.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    def page(name: str, **context: Any) -> HTMLResponse:
+        return HTMLResponse(_env.get_template(name).render(**context))
+
+    @web.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def overview(
+        status: SagaStatus | None = None,
+        saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
+        business_key: Annotated[str | None, Query(max_length=200)] = None,
+        hours: Annotated[int, Query(ge=1, le=168)] = 6,
+    ) -> HTMLResponse:
+        from saga_tasks.ops.operator import stuck
+        from saga_tasks.ops.views import list_view
+
+        known_type = saga_type if saga_type in {d.saga_type for d in app.registry} else None
+        recent = list_view(
+            app, status=status, saga_type=known_type, business_key=business_key or None, limit=50
+        )
+        return page(
+            "overview.html",
+            counts=_counts(app),
+            chart=_chart(app, hours),
+            hours=hours,
+            stuck=stuck(app, limit=20),
+            recent=recent["sagas"],
+            held=_held_counts(app),
+            filters={
+                "status": status.value if status else "",
+                "type": saga_type or "",
+                "business_key": business_key or "",
+            },
+            statuses=STATUS_ORDER,
+            types=sorted({d.saga_type for d in app.registry}),
+        )
+
+    @web.get("/ui/sagas/{saga_id}", response_class=HTMLResponse, include_in_schema=False)
+    def saga_page(request: Request, saga_id: str) -> HTMLResponse:
+        from saga_tasks.errors import SagaNotFound
+        from saga_tasks.ops.views import saga_view
+
+        try:
+            view = saga_view(app, saga_id)
+        except SagaNotFound as exc:
+            return HTMLResponse(
+                _env.get_template("missing.html").render(what=str(exc)), status_code=404
+            )
+        return page("saga.html", saga=view, timeline=_timeline(view), statuses=STATUS_ORDER)
+
+    @web.get("/ui/held", response_class=HTMLResponse, include_in_schema=False)
+    def held_page(holding: str = "dead_letter", status: str = "pending") -> HTMLResponse:
+        holding = holding if holding in ("dead_letter", "parking") else "dead_letter"
+        status = status if status in ("pending", "replayed", "discarded", "all") else "pending"
+        stmt = (
+            select(
+                held_message, saga_instance.c.saga_type, saga_instance.c.status.label("saga_status")
+            )
+            .select_from(
+                held_message.outerjoin(
+                    saga_instance, saga_instance.c.saga_id == held_message.c.saga_id
+                )
+            )
+            .where(held_message.c.holding == holding)
+            .order_by(held_message.c.id.desc())
+            .limit(200)
+        )
+        if status != "all":
+            stmt = stmt.where(held_message.c.status == status)
+        with translated(app.settings.database_url), app.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(stmt)]
+        return page("held.html", rows=rows, holding=holding, status=status, held=_held_counts(app))
+
+
+def _counts(app: SagaApp) -> dict[str, int]:
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        rows = conn.execute(
+            select(saga_instance.c.status, func.count()).group_by(saga_instance.c.status)
+        ).all()
+    found = dict.fromkeys(STATUS_ORDER, 0)
+    found.update(dict(rows))
+    return found
+
+
+def _held_counts(app: SagaApp) -> dict[str, int]:
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        rows = conn.execute(
+            select(held_message.c.holding, func.count())
+            .where(held_message.c.status == "pending")
+            .group_by(held_message.c.holding)
+        ).all()
+    return {"dead_letter": 0, "parking": 0} | dict(rows)
+
+
+def _chart(app: SagaApp, hours: int) -> dict[str, Any]:
+    """Sagas started per time bucket over the last ``hours``, stacked by their status now."""
+    now = datetime.now(UTC)
+    bucket = max(60, hours * 3600 // 36)
+    since = now - timedelta(hours=hours)
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT floor(extract(epoch FROM created_at) / :b)::bigint AS slot, status, "
+                "count(*) FROM saga.saga_instance WHERE created_at >= :since GROUP BY 1, 2"
+            ),
+            {"b": bucket, "since": since},
+        ).all()
+    first = int(since.timestamp() // bucket)
+    last = int(now.timestamp() // bucket)
+    slots: dict[int, dict[str, int]] = {s: {} for s in range(first, last + 1)}
+    for slot, status, n in rows:
+        slots.setdefault(int(slot), {})[status] = n
+    peak = max((sum(v.values()) for v in slots.values()), default=0) or 1
+    width, height = 900, 180.0
+    bar = width / len(slots)
+    bars = []
+    for i, (slot, counts) in enumerate(sorted(slots.items())):
+        y = float(height)
+        for status in STATUS_ORDER:
+            n = counts.get(status, 0)
+            if not n:
+                continue
+            h = n / peak * (height - 10)
+            y -= h
+            started = datetime.fromtimestamp(slot * bucket, UTC)
+            bars.append(
+                {
+                    "x": round(i * bar + 1, 1),
+                    "y": round(y, 1),
+                    "w": round(max(bar - 2, 1), 1),
+                    "h": round(h, 1),
+                    "status": status,
+                    "n": n,
+                    "label": f"{started:%H:%M} UTC: {n} {status.lower()}",
+                }
+            )
+    return {
+        "bars": bars,
+        "width": width,
+        "height": height,
+        "peak": peak,
+        "bucket_minutes": bucket // 60,
+    }
+
+
+def _timeline(view: dict[str, Any]) -> dict[str, Any]:
+    """Each step's forward and compensation spans on one time axis, from the history."""
+
+    def at(value: str | None) -> datetime | None:
+        return datetime.fromisoformat(value) if value else None
+
+    history = view["history"]
+    start = at(view["created_at"]) or datetime.now(UTC)
+    times = [at(h["at"]) for h in history if h["at"]]
+    end = at(view["finished_at"]) or max([*(t for t in times if t), datetime.now(UTC)])
+    span = max((end - start).total_seconds(), 0.001)
+    width, label, row = 900, 180, 26
+    open_forward = {"step_requested", "step_resent"}
+    close_forward = {"step_succeeded", "step_failed", "step_given_up"}
+    open_comp = {"compensation_requested", "compensation_resent"}
+    close_comp = {"step_compensated", "compensation_failed", "compensation_exhausted"}
+    rows = []
+    for index, step in enumerate(view["steps"]):
+        spans: list[dict[str, Any]] = []
+        fwd: datetime | None = None
+        comp: datetime | None = None
+        fwd_end: tuple[datetime, str] | None = None
+        comp_end: tuple[datetime, str] | None = None
+        for h in history:
+            if h["step"] != step["step"] or not h["at"]:
+                continue
+            t = at(h["at"])
+            assert t is not None
+            if h["event"] in open_forward and fwd is None:
+                fwd = t
+            elif h["event"] in close_forward:
+                fwd_end = (t, h["event"])
+            elif h["event"] in open_comp and comp is None:
+                comp = t
+            elif h["event"] in close_comp:
+                comp_end = (t, h["event"])
+        for begin, finish, kind in ((fwd, fwd_end, "forward"), (comp, comp_end, "compensation")):
+            if begin is None:
+                continue
+            stop, how = finish if finish else (end, "open")
+            x = label + (begin - start).total_seconds() / span * (width - label - 10)
+            w = max((stop - begin).total_seconds() / span * (width - label - 10), 3)
+            seconds = (stop - begin).total_seconds()
+            spans.append(
+                {
+                    "x": round(x, 1),
+                    "w": round(w, 1),
+                    "kind": kind,
+                    "how": how,
+                    "title": f"{step['step']} {kind}: {seconds * 1000:.0f} ms ({how})",
+                }
+            )
+        rows.append(
+            {"step": step["step"], "status": step["status"], "y": 20 + index * row, "spans": spans}
+        )
+    return {
+        "rows": rows,
+        "width": width,
+        "height": 30 + len(rows) * row,
+        "label": label,
+        "total_ms": round(span * 1000),
+    }

@@ -1,0 +1,237 @@
+"""The HTTP API against real PostgreSQL and RabbitMQ: shapes, errors, auth, metrics, logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from saga_tasks.observability import JsonFormatter
+from saga_tasks.web import create_web_app
+from tests.conftest import ANA_TOKEN
+from tests.integration.helpers import ORDER, drain, pump, run_command, run_reply, scalar
+
+AUTH = {"Authorization": f"Bearer {ANA_TOKEN}"}
+
+
+@pytest.fixture
+def client(order_app):
+    with TestClient(create_web_app(order_app)) as c:
+        yield c
+
+
+def start(client, key="w-1", idem=None, payload=None):
+    return client.post(
+        "/sagas/order",
+        json={"business_key": key, "payload": payload or ORDER},
+        headers={"Idempotency-Key": idem or f"idem-{key}"},
+    )
+
+
+def test_start_returns_202_with_a_status_url_and_is_idempotent(client, order_app):
+    r = start(client)
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert set(body) == {
+        "saga_id",
+        "saga_type",
+        "business_key",
+        "correlation_id",
+        "status",
+        "created",
+        "status_url",
+    }
+    assert body["created"] is True and body["status"] == "RUNNING"
+    assert body["correlation_id"] == body["saga_id"]
+    assert body["status_url"].endswith(f"/sagas/{body['saga_id']}")
+    again = start(client)
+    assert again.status_code == 202 and again.json()["saga_id"] == body["saga_id"]
+    assert again.json()["created"] is False
+    reused = start(client, payload={**ORDER, "amount_cents": 1}, idem="idem-w-1")
+    assert reused.status_code == 409
+    assert reused.headers["content-type"] == "application/problem+json"
+    assert reused.json()["type"].endswith("/idempotency-key-reused")
+    assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 1
+    shown = client.get(body["status_url"].replace("http://testserver", ""))
+    assert shown.status_code == 200 and shown.json()["saga_id"] == body["saga_id"]
+
+
+@pytest.mark.parametrize(
+    ("call", "status", "kind"),
+    [
+        (
+            lambda c: c.post("/sagas/order", json={"business_key": "k", "payload": ORDER}),
+            422,
+            "invalid-request",
+        ),
+        (
+            lambda c: c.post(
+                "/sagas/refund",
+                json={"business_key": "k", "payload": {}},
+                headers={"Idempotency-Key": "x"},
+            ),
+            404,
+            "unknown-saga-type",
+        ),
+        (
+            lambda c: c.post(
+                "/sagas/order",
+                json={"business_key": "k", "payload": {"items": []}},
+                headers={"Idempotency-Key": "y"},
+            ),
+            422,
+            "invalid-payload",
+        ),
+        (lambda c: c.get("/sagas/not-a-uuid"), 404, "saga-not-found"),
+        (lambda c: c.get(f"/sagas/{uuid.uuid4()}"), 404, "saga-not-found"),
+        (lambda c: c.get("/sagas?status=DONE"), 422, "invalid-request"),
+        (lambda c: c.get("/sagas?business_key=a%00b"), 400, "bad-request"),
+        (lambda c: c.get("/held/999999"), 404, "held-message-not-found"),
+    ],
+)
+def test_errors_are_problem_json(client, call, status, kind):
+    r = call(client)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    body = r.json()
+    assert body["type"].endswith("/" + kind) and body["status"] == status and body["detail"]
+
+
+def test_operator_actions_need_a_token_and_are_audited_with_its_actor(client, order_app, settings):
+    saga_id = start(client).json()["saga_id"]
+    version = client.get(f"/sagas/{saga_id}").json()["version"]
+    body = {"reason": "customer cancelled", "expect_version": version}
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong-token-0000000000"},
+        {"Authorization": "Basic abc"},
+    ):
+        r = client.post(f"/sagas/{saga_id}/compensate", json=body, headers=headers)
+        assert r.status_code == 401, r.text
+        assert r.headers["www-authenticate"].startswith("Bearer")
+    stale = client.post(
+        f"/sagas/{saga_id}/compensate", json={**body, "expect_version": version + 5}, headers=AUTH
+    )
+    assert stale.status_code == 409 and stale.json()["current_version"] == version
+    done = client.post(f"/sagas/{saga_id}/compensate", json=body, headers=AUTH)
+    assert done.status_code == 200, done.text
+    view = done.json()
+    assert view["status"] == "COMPENSATING"
+    audit = [h for h in view["history"] if h["event"] == "operator_compensate"]
+    assert audit[0]["actor"] == "ana" and "customer cancelled" in audit[0]["reason"]
+    refused = client.post(
+        f"/sagas/{saga_id}/compensate",
+        json={**body, "expect_version": view["version"]},
+        headers=AUTH,
+    )
+    assert refused.status_code == 409 and refused.json()["type"].endswith("/action-refused")
+    missing = client.post(
+        f"/sagas/{saga_id}/retry-step",
+        json={**body, "expect_version": view["version"]},
+        headers=AUTH,
+    )
+    assert missing.status_code == 422
+
+
+def test_list_filters(client, order_app, settings):
+    ids = [start(client, key=f"l-{i}").json()["saga_id"] for i in range(3)]
+    assert client.get("/sagas?type=order&limit=2").json()["count"] == 2
+    assert client.get("/sagas?business_key=l-1").json()["sagas"][0]["saga_id"] == ids[1]
+    assert client.get("/sagas?status=COMPLETED").json()["count"] == 0
+    assert client.get("/sagas?stuck=true").json()["count"] == 0
+    assert client.get("/sagas?type=refund").status_code == 404
+
+
+def test_metrics_match_the_database(client, order_app, settings):
+    for i in range(3):
+        start(client, key=f"m-{i}")
+    start(client, key="m-declined", payload={**ORDER, "customer_id": "c-low"})
+    pump(order_app, settings.broker_url)
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    sagas = {s.labels["status"]: s.value for s in families["saga_sagas"].samples}
+    assert (
+        sagas
+        == {
+            "COMPLETED": scalar(
+                order_app.engine,
+                "SELECT count(*) FROM saga.saga_instance WHERE status = 'COMPLETED'",
+            ),
+            "COMPENSATED": scalar(
+                order_app.engine,
+                "SELECT count(*) FROM saga.saga_instance WHERE status = 'COMPENSATED'",
+            ),
+        }
+        == {"COMPLETED": 3, "COMPENSATED": 1}
+    )
+    assert {s.labels["status"]: s.value for s in families["saga_active"].samples} == {
+        "RUNNING": 0,
+        "COMPENSATING": 0,
+    }
+    depth = {s.labels["queue"]: s.value for s in families["saga_queue_depth"].samples}
+    assert depth["saga.dead_letter"] == 0 and depth["orders.commands"] == 0
+    assert all(s.value == 0 for s in families["saga_outbox_lag_seconds"].samples)
+    # This process applied every reply (pump): its counters agree with the history.
+    accepted = sum(
+        s.value
+        for s in families["saga_messages"].samples
+        if s.name == "saga_messages_total"
+        and s.labels == {"consumer": "orchestrator", "classification": "accepted"}
+    )
+    replies = scalar(
+        order_app.engine,
+        "SELECT count(DISTINCT causation_id) FROM saga.saga_history WHERE causation_id IS NOT NULL",
+    )
+    assert accepted >= replies > 0
+    assert families["saga_state_up"].samples[0].value == 1
+
+
+def test_logs_are_json_lines_naming_the_saga_without_its_payload(order_app, settings):
+    stream = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            stream.append(self.format(record))
+
+    handler = Capture()
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("saga_tasks")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        handle = order_app.start_saga("order", "log-1", {**ORDER, "customer_id": "c-secret-7"})
+        run_command(order_app, drain(settings.broker_url, "orders.commands")[0])
+        run_reply(order_app, drain(settings.broker_url, "saga.replies")[0])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    lines = [json.loads(line) for line in stream]
+    transition = next(e for e in lines if e["msg"] == "step_succeeded")
+    for key in ("saga_id", "saga_type", "correlation_id", "causation_id", "message_id", "step",
+                "status_before", "status_after", "step_status_before", "step_status_after"):  # fmt: skip
+        assert key in transition, key
+    assert transition["saga_id"] == handle.saga_id
+    assert all("c-secret-7" not in line for line in stream)
+
+
+def test_no_input_makes_a_server_error(order_app):
+    """Schemathesis: every operation of the OpenAPI spec, many generated inputs, no 5xx."""
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.checks import not_a_server_error
+
+    schema = schemathesis.openapi.from_asgi("/openapi.json", create_web_app(order_app))
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 9
+    for operation in operations:
+
+        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(case=operation.as_strategy())
+        def no_server_error(case) -> None:
+            case.call_and_validate(checks=[not_a_server_error], headers=AUTH)
+
+        no_server_error()
