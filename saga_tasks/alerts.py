@@ -86,8 +86,12 @@ class WebhookAlerter:
             headers={"Content-Type": "application/json"},
             method="POST",
         )
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-            response.read()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                response.read()
+        except urllib.error.HTTPError as error:
+            error.close()  # an HTTP error holds its response open
+            raise
 
 
 def alerters_for(app: SagaApp) -> list[Alerter]:

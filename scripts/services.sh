@@ -165,6 +165,11 @@ ensure_vhost() {
   fi
 }
 
+ensure_chromium() {
+  # The dashboard tests drive Debian's Chromium with Playwright (no browser download).
+  [ -x /usr/bin/chromium ] || apt_install chromium
+}
+
 ensure_venv() {
   local extras=${1:-}
   local venv="$ROOT/.venv"

@@ -10,6 +10,7 @@ cd "$ROOT"
 
 trap stop_started_services EXIT
 ensure_services
+ensure_chromium
 ensure_venv dev
 export SAGA_TEST_ADMIN_URL="${SAGA_TEST_ADMIN_URL:-postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres}"
 
