@@ -35,6 +35,7 @@ from saga_tasks.ops.processes import Supervisor, WorkerProcess
 from saga_tasks.states import TERMINAL_SAGA, SagaStatus
 
 STATE_DIR = Path(".demo")
+WEB_PORT = 8000
 PIDS = STATE_DIR / "pids.json"
 
 
@@ -118,6 +119,16 @@ def demo_processes(
             app, name="flower", env=env, log_dir=log_dir, role="flower", extra_args=flower_args
         )
     )
+    processes.append(
+        WorkerProcess(
+            app,
+            name="web",
+            env=env,
+            log_dir=log_dir,
+            role="web",
+            extra_args=("--host", flower_address, "--port", str(WEB_PORT)),
+        )
+    )
     return processes
 
 
@@ -193,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         on_restart=_announce_restart,
         on_change=_save_pids,
     )
-    print("starting orchestrator, orders, inventory and payments workers, beat and Flower ...")
+    print("starting the orchestrator, a worker per participant queue, beat, Flower, the dashboard")
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -207,10 +218,10 @@ def run(args: argparse.Namespace) -> int:
         seed(saga_app.engine)
         ok = stream(saga_app, args, supervisor)
         flower = f"http://{args.flower_address}:{args.flower_port}"
-        print(
-            f"\nFlower: {flower}  (workers, tasks; the broker tab reads RabbitMQ's management API)"
-        )
-        print("Sagas:  saga-tasks list   |   saga-tasks show <saga_id>")
+        print(f"\nFlower:    {flower}  (workers and tasks; broker tab via the management API)")
+        dashboard = f"http://{args.flower_address}:{WEB_PORT}"
+        print(f"Dashboard: {dashboard}  (sagas, timelines, dead letters)")
+        print("CLI:       saga-tasks list  |  saga-tasks show <saga_id>  |  saga-tasks dlq list")
         keep = args.keep or (sys.stdin.isatty() and not args.exit)
         if keep:
             print("Everything keeps running; press Ctrl-C to stop it.")

@@ -18,13 +18,17 @@ depends_on = None
 
 def upgrade() -> None:
     # Dashboard and API filters on 100k+ sagas: by status (newest first), by business key.
-    op.create_index("ix_saga_status_created", "saga_instance", ["status", "created_at"], schema="saga")
+    op.create_index(
+        "ix_saga_status_created", "saga_instance", ["status", "created_at"], schema="saga"
+    )
     op.create_index("ix_saga_business_key", "saga_instance", ["business_key"], schema="saga")
     op.create_table(
         "alert_sent",
         sa.Column("saga_id", sa.UUID(as_uuid=False), nullable=False),
         sa.Column("condition", sa.Text(), nullable=False),
-        sa.Column("sent_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.Column(
+            "sent_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
         sa.PrimaryKeyConstraint("saga_id", "condition", name="pk_alert_sent"),
         schema="saga",
     )
@@ -33,7 +37,12 @@ def upgrade() -> None:
         sa.Column("key", sa.Text(), nullable=False),
         sa.Column("request_hash", sa.Text(), nullable=False),
         sa.Column("saga_id", sa.UUID(as_uuid=False), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.Column(
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
         sa.PrimaryKeyConstraint("key"),
         schema="saga",
     )

@@ -43,7 +43,12 @@ def wait_for(
         time.sleep(interval)
 
 
-_READY = {"worker": " ready.", "beat": "beat: Starting", "flower": "Visit me at"}
+_READY = {
+    "worker": " ready.",
+    "beat": "beat: Starting",
+    "flower": "Visit me at",
+    "web": "Uvicorn running",
+}
 
 
 class WorkerProcess:
@@ -85,6 +90,8 @@ class WorkerProcess:
             return [*celery, "beat", "--loglevel", "INFO", "-s", str(schedule), *self.extra_args]
         if self.role == "flower":
             return [*celery, "flower", "--logging=info", *self.extra_args]
+        if self.role == "web":
+            return [sys.executable, "-m", "saga_tasks.ops.cli", "web", *self.extra_args]
         return [
             *celery,
             "worker",
