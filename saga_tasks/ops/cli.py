@@ -586,6 +586,27 @@ main.add_command(_held_group("parking", "parking", "Messages taken off the parki
     }
 )
 @click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Benchmark the order saga against bare and durable Celery chains, side by side.
+
+    Options: --sagas N --unloaded N --long N --sweep --json (see --help).
+    """
+    try:
+        from participants.bench import main as bench_main
+    except ImportError as exc:
+        _fail(f"the benchmark needs the example participants: {exc}", EXIT_CONFIG)
+    with _errors():
+        sys.exit(bench_main(ctx.args))
+
+
+@main.command(
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],
+    }
+)
+@click.pass_context
 def chaos(ctx: click.Context) -> None:
     """Run order sagas under injected faults and random SIGKILLs, then check invariants.
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -66,6 +66,8 @@ class WorkerProcess:
         log_dir: Path,
         role: str = "worker",
         extra_args: Sequence[str] = (),
+        log_level: str = "INFO",
+        broker_url: str | None = None,
     ) -> None:
         if role not in _READY:
             raise ValueError(f"role must be one of {sorted(_READY)}")
@@ -77,6 +79,9 @@ class WorkerProcess:
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_dir / f"{name}.log"
         self.role = role
+        self.log_level = log_level
+        # Below INFO the worker does not say it is ready: ask the broker for its consumers.
+        self.broker_url = broker_url
         self.extra_args = tuple(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -105,7 +110,7 @@ class WorkerProcess:
             "-c",
             str(self.concurrency),
             "--loglevel",
-            "INFO",
+            self.log_level,
             "--without-mingle",
             "--without-gossip",
             *self.extra_args,
@@ -133,19 +138,41 @@ class WorkerProcess:
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait for the line that says this start is ready; raise if the process exits."""
+        """Wait for the line that says this start is ready (or, for a quiet worker, for
+        its consumers on the broker); raise if the process exits."""
         ready = _READY[self.role].encode()
+        quiet = self.role == "worker" and self.log_level.upper() not in ("DEBUG", "INFO")
 
         def is_ready() -> bool:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
                     f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
                 )
+            if quiet:
+                return self._consuming()
             with self.log_path.open("rb") as f:
                 f.seek(self._marker_offset)
                 return ready in f.read()
 
         wait_for(is_ready, timeout=timeout, interval=0.1, describe=f"{self.name} ready")
+
+    def _consuming(self) -> bool:
+        from kombu import Connection
+
+        if not self.broker_url:
+            raise RuntimeError("a quiet worker needs broker_url to tell when it is ready")
+        with Connection(self.broker_url, connect_timeout=3) as conn:
+            for name in self.queues:
+                channel: Any = conn.channel()
+                try:
+                    _, _, consumers = channel.queue_declare(queue=name, passive=True)
+                except Exception:  # noqa: BLE001 - not declared yet: not ready
+                    return False
+                finally:
+                    channel.close()
+                if not consumers:
+                    return False
+        return True
 
     @property
     def pid(self) -> int:

@@ -1,0 +1,650 @@
+"""The benchmark: the order saga against two Celery baselines, in one run, on one layout.
+
+    saga-tasks bench [--sagas 2000] [--unloaded 200] [--long 50000] [--sweep] [--json]
+
+It makes its own vhost and database (unless ``--here``), and for each configuration
+starts the same worker layout (one worker process per queue, same pool, same
+prefetch), then measures:
+
+- **chain** (baseline A): a Celery chain of three no-op tasks on three queues,
+  ``acks_late``, no database, no publisher confirms;
+- **durable_chain** (baseline B): the same chain, each task one PostgreSQL transaction
+  (insert a row, update a row under a version check), publishes confirmed;
+- **saga**: the order saga, every guarantee on (outbox, inbox, ledgers, confirms, acks
+  after commit), every step succeeding;
+- **saga_mixed**: the same with 20% of sagas declined by payments and compensated.
+
+For each: throughput for a burst of N (first start to last final state), completion
+latency p50/p95/p99 in that burst and unloaded (one at a time), peak RSS of each
+worker process, and PostgreSQL write transactions and RabbitMQ publishes per item,
+counted from transaction ids and the management API. ``--long N`` runs N more sagas and
+reports worker RSS growth between 10k and N. ``--sweep`` measures the timeout
+sweeper on a table of 1,000,000 sagas with 0, 1,000 and 10,000 due, with the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from saga_tasks.config import Settings
+from saga_tasks.ops.processes import WorkerProcess, wait_for
+
+ORDER = {"customer_id": "c-1", "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 100}
+DECLINED = {"customer_id": "c-low", "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 5_000}
+
+
+@dataclass
+class Result:
+    name: str
+    items: int
+    seconds: float
+    throughput: float
+    burst_latency_ms: dict[str, float]
+    unloaded_latency_ms: dict[str, float]
+    peak_rss_mb: dict[str, float]
+    commits_per_item: float | None
+    publishes_per_item: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))], 2)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99)}
+
+
+class Bench:
+    def __init__(self, args: Any, database_url: str, broker_url: str, vhost: str) -> None:
+        self.args = args
+        self.database_url = database_url
+        self.broker_url = broker_url
+        self.vhost = vhost
+        self.log_dir = Path(args.log_dir)
+        self.done_key = f"saga_tasks:bench:{uuid.uuid4().hex[:8]}"
+        self.env = {
+            **os.environ,
+            "SAGA_DATABASE_URL": database_url,
+            "SAGA_BROKER_URL": broker_url,
+            "SAGA_TASKS_APP": "participants.app:saga_app",
+            "SAGA_LOG_LEVEL": "WARNING",
+            "SAGA_PREFETCH_MULTIPLIER": str(args.prefetch),
+            "BENCH_DONE_KEY": self.done_key,
+        }
+        self.engine = create_engine(database_url, poolclass=NullPool)
+        import redis
+
+        self.redis = redis.Redis.from_url(Settings.from_env().result_backend)
+
+    # -- processes --------------------------------------------------------------------------
+
+    def workers(
+        self, app: str, queues: Sequence[Sequence[str]], env: dict[str, str]
+    ) -> list[WorkerProcess]:
+        started = []
+        for i, qs in enumerate(queues):
+            w = WorkerProcess(
+                app,
+                queues=qs,
+                name=f"{app.rsplit('.', 1)[-1]}-{i}-{qs[0]}",
+                pool=self.args.pool,
+                concurrency=self.args.concurrency,
+                env={**self.env, **env},
+                log_dir=self.log_dir,
+                log_level=self.args.log_level,
+                broker_url=self.broker_url,
+            )
+            w.start(wait=False)
+            started.append(w)
+        try:
+            for w in started:
+                w.wait_ready(timeout=90)
+        except BaseException:
+            for w in started:
+                w.stop()
+            raise
+        return started
+
+    def rss(self, processes: Sequence[WorkerProcess]) -> dict[str, float]:
+        import psutil
+
+        found = {}
+        for w in processes:
+            try:
+                proc = psutil.Process(w.pid)
+                total = proc.memory_info().rss + sum(
+                    c.memory_info().rss for c in proc.children(recursive=True)
+                )
+            except psutil.Error:
+                continue
+            found[w.name] = round(total / 2**20, 1)
+        return found
+
+    # -- counters ---------------------------------------------------------------------------
+
+    def commits(self) -> int:
+        """Write transactions so far, cluster-wide: the next transaction id, read without
+        taking one. Read-only transactions (pollers, this benchmark) take no id; the
+        statistics view would count them, and it lags."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+                ).scalar_one()
+            )
+
+    def publishes(self) -> int | None:
+        from saga_tasks.ops.isolation import RabbitAdmin
+
+        admin = RabbitAdmin()
+        if not admin.available():
+            return None
+        from urllib.parse import quote
+
+        stats = (
+            admin._request("GET", f"/vhosts/{quote(self.vhost, safe='')}").get("message_stats")
+            or {}
+        )
+        return int(stats.get("publish") or 0)
+
+    def settle_counters(self) -> None:
+        # RabbitMQ's management statistics are collected every five seconds.
+        time.sleep(6.5)
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def run(
+        self,
+        name: str,
+        start: Callable[[int], None],
+        finished: Callable[[], list[tuple[float, float]]],
+        workers: list[WorkerProcess],
+        n: int,
+    ) -> Result:
+        say(self.args, f"{name}: warming up")
+        warm = 50
+        for i in range(warm):
+            start(-(i + 1))
+        wait_for(
+            lambda: len(finished()) >= warm, timeout=120, interval=0.05, describe=f"{name} warm-up"
+        )
+        self.settle_counters()
+        commits0, publishes0 = self.commits(), self.publishes()
+        say(self.args, f"{name}: burst of {n}")
+        peak: dict[str, float] = {}
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.5):
+                for k, v in self.rss(workers).items():
+                    peak[k] = max(peak.get(k, 0), v)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t0 = time.time()
+        with ThreadPoolExecutor(self.args.starters) as pool:
+            list(pool.map(start, range(n)))
+        wait_for(
+            lambda: len(finished()) >= warm + n, timeout=900, interval=0.1, describe=f"{name} burst"
+        )
+        done = finished()[warm:]
+        last = max(f for _, f in done)
+        seconds = last - t0
+        stop.set()
+        sampler.join()
+        self.settle_counters()
+        commits = self.commits() - commits0
+        published = self.publishes()
+        burst_latency = [(f - s) * 1000 for s, f in done]
+        say(self.args, f"{name}: {n / seconds:.0f}/s; unloaded latency, one at a time")
+        unloaded = []
+        for i in range(self.args.unloaded):
+            before = len(finished())
+            start(n + i)
+
+            def one_more(b: int = before) -> bool:
+                return len(finished()) > b
+
+            wait_for(
+                one_more,
+                timeout=60,
+                interval=0.001,
+                describe="one item",
+            )
+            s, f = finished()[-1]
+            unloaded.append((f - s) * 1000)
+        return Result(
+            name=name,
+            items=n,
+            seconds=round(seconds, 2),
+            throughput=round(n / seconds, 1),
+            burst_latency_ms=percentiles(burst_latency),
+            unloaded_latency_ms=percentiles(unloaded),
+            peak_rss_mb=peak,
+            commits_per_item=round(commits / n, 2),
+            publishes_per_item=round((published - publishes0) / n, 2)
+            if published is not None and publishes0 is not None
+            else None,
+        )
+
+    def chain(self, durable: bool) -> Result:
+        self.redis.delete(self.done_key)
+        env = {"BENCH_DURABLE": "1" if durable else "0"}
+        os.environ["BENCH_DURABLE"] = env["BENCH_DURABLE"]
+        os.environ["BENCH_DONE_KEY"] = self.done_key
+        os.environ["SAGA_BROKER_URL"] = self.broker_url
+        import importlib
+
+        import participants.bench_baseline as baseline
+
+        baseline = importlib.reload(baseline)
+        workers = self.workers(
+            "participants.bench_baseline", [["bench.a"], ["bench.b"], ["bench.c"]], env
+        )
+        try:
+
+            def start(i: int) -> None:
+                baseline.start_chain(f"c-{'d' if durable else 'n'}-{i}")
+
+            def finished() -> list[tuple[float, float]]:
+                pairs = []
+                for raw in self.redis.lrange(self.done_key, 0, -1):
+                    line = raw.decode() if isinstance(raw, bytes) else str(raw)
+                    started, ended = line.split(":")
+                    pairs.append((float(started), float(ended)))
+                return sorted(pairs, key=lambda p: p[1])
+
+            return self.run(
+                "durable_chain" if durable else "chain", start, finished, workers, self.args.sagas
+            )
+        finally:
+            for w in workers:
+                w.stop()
+            baseline.app.close()
+
+    def saga(self, mixed: bool) -> Result:
+        from participants.app import saga_app
+
+        queues = [["saga.replies", "saga.maintenance"]] * self.args.orchestrators + [
+            ["orders.commands"],
+            ["inventory.commands"],
+            ["payments.commands"],
+        ]
+        workers = self.workers("participants.app", queues, {})
+        run_id = uuid.uuid4().hex[:6]
+        since = time.time()
+        try:
+
+            def start(i: int) -> None:
+                declined = mixed and i >= 0 and i % 5 == 0
+                saga_app.start_saga("order", f"b-{run_id}-{i}", DECLINED if declined else ORDER)
+
+            def finished() -> list[tuple[float, float]]:
+                with self.engine.connect() as conn:
+                    rows = conn.execute(
+                        text(
+                            "SELECT extract(epoch FROM created_at), extract(epoch FROM finished_at) "
+                            "FROM saga.saga_instance WHERE business_key LIKE :k AND finished_at IS NOT NULL "
+                            "ORDER BY finished_at"
+                        ),
+                        {"k": f"b-{run_id}-%"},
+                    ).all()
+                return [(float(a), float(b)) for a, b in rows]
+
+            result = self.run(
+                "saga_mixed" if mixed else "saga", start, finished, workers, self.args.sagas
+            )
+            with self.engine.connect() as conn:
+                statuses: dict[str, int] = dict(
+                    conn.execute(
+                        text(
+                            "SELECT status, count(*) FROM saga.saga_instance "
+                            "WHERE business_key LIKE :k GROUP BY 1"
+                        ),
+                        {"k": f"b-{run_id}-%"},
+                    ).all()
+                )
+            result.extra["statuses"] = statuses
+            result.extra["since"] = since
+            if not mixed and self.args.long:
+                result.extra["long"] = self.long_run(saga_app, workers, run_id)
+            return result
+        finally:
+            for w in workers:
+                w.stop()
+
+    def long_run(self, saga_app: Any, workers: list[WorkerProcess], run_id: str) -> dict[str, Any]:
+        """RSS of each worker after 10k sagas and after ``--long`` sagas."""
+        total = self.args.long
+        marks: dict[int, dict[str, float]] = {10_000: {}, total: {}}
+        done = 0
+        say(self.args, f"long run: {total} sagas")
+        with ThreadPoolExecutor(self.args.starters) as pool:
+            while done < total:
+                batch = min(2000, total - done)
+
+                def start(i: int) -> None:
+                    saga_app.start_saga("order", f"l-{run_id}-{i}", ORDER)
+
+                list(pool.map(start, range(done, done + batch)))
+                done += batch
+
+                def finished(n: int = done) -> bool:
+                    with self.engine.connect() as conn:
+                        return bool(
+                            conn.execute(
+                                text(
+                                    "SELECT count(*) FROM saga.saga_instance WHERE business_key LIKE :k "
+                                    "AND finished_at IS NOT NULL"
+                                ),
+                                {"k": f"l-{run_id}-%"},
+                            ).scalar_one()
+                            >= n
+                        )
+
+                wait_for(finished, timeout=900, interval=0.2, describe="long-run batch")
+                if done in marks:
+                    marks[done] = self.rss(workers)
+                    say(self.args, f"  {done} sagas: RSS {marks[done]}")
+        growth = {
+            name: round((marks[total][name] - marks[10_000][name]) / marks[10_000][name] * 100, 1)
+            for name in marks[10_000]
+            if name in marks[total]
+        }
+        return {
+            "rss_mb_at_10k": marks[10_000],
+            f"rss_mb_at_{total}": marks[total],
+            "growth_percent": growth,
+        }
+
+
+def sweep_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]:
+    """The sweeper on 1,000,000 sagas with 0, 1,000 and 10,000 due: time per pass and plan."""
+    from datetime import UTC, datetime
+
+    from participants.app import saga_app
+    from saga_tasks.persistence.sagas import claim_due
+
+    engine = create_engine(database_url, poolclass=NullPool)
+    rows = args.sweep_rows
+    say(args, f"sweep: filling {rows} sagas")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                """INSERT INTO saga.saga_instance (saga_id, saga_type, definition_version, business_key,
+                   status, version, payload, payload_hash, correlation_id, created_at, updated_at,
+                   deadline, next_wake_at)
+                   SELECT gen_random_uuid(), 'order', 1, 'sw-' || g,
+                          CASE WHEN g % 10 = 0 THEN 'RUNNING' ELSE 'COMPLETED' END, 1,
+                          '{}'::jsonb, 'h', 'c', now(), now(), now() + interval '1 day',
+                          CASE WHEN g % 10 = 0 THEN now() + interval '1 day' END
+                   FROM generate_series(1, :n) g"""
+            ),
+            {"n": rows},
+        )
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE saga.saga_instance"))
+        conn.commit()
+    report: dict[str, Any] = {"rows": rows, "passes": {}}
+    for due in (0, 1_000, 10_000):
+        if due:
+            with engine.begin() as conn:
+                # Due sagas with a step in flight, as a lost reply would leave them.
+                conn.execute(
+                    text(
+                        """WITH picked AS (
+                             SELECT saga_id FROM saga.saga_instance
+                             WHERE status = 'RUNNING' AND next_wake_at > now() LIMIT :n)
+                           UPDATE saga.saga_instance s SET next_wake_at = now() - interval '1 second',
+                                  payload = :p
+                           FROM picked WHERE s.saga_id = picked.saga_id"""
+                    ),
+                    {"n": due, "p": json.dumps(ORDER)},
+                )
+                conn.execute(
+                    text(
+                        """INSERT INTO saga.saga_step (saga_id, step, position, status, attempt,
+                             compensation_attempt, generation, command_id, requested_at, deadline)
+                           SELECT s.saga_id, st.name, st.pos,
+                                  CASE WHEN st.pos = 0 THEN 'REQUESTED' ELSE 'PENDING' END,
+                                  CASE WHEN st.pos = 0 THEN 1 ELSE 0 END, 0, 1,
+                                  CASE WHEN st.pos = 0 THEN gen_random_uuid() END,
+                                  CASE WHEN st.pos = 0 THEN now() - interval '1 minute' END,
+                                  CASE WHEN st.pos = 0 THEN now() - interval '1 second' END
+                           FROM saga.saga_instance s,
+                                (VALUES ('create_order', 0), ('reserve_stock', 1),
+                                        ('authorize_payment', 2), ('confirm_order', 3)) st(name, pos)
+                           WHERE s.next_wake_at <= now()
+                           ON CONFLICT DO NOTHING"""
+                    )
+                )
+        with engine.connect() as conn:
+            plan = [
+                r[0]
+                for r in conn.execute(
+                    text(
+                        "EXPLAIN (ANALYZE, BUFFERS) SELECT saga_id FROM saga.saga_instance "
+                        "WHERE status IN ('RUNNING', 'COMPENSATING') AND next_wake_at <= now() "
+                        "ORDER BY next_wake_at LIMIT 500 FOR UPDATE SKIP LOCKED"
+                    )
+                )
+            ]
+            conn.rollback()
+        started = time.perf_counter()
+        result = saga_app.orchestrator.sweep(batch=500, max_batches=1000)
+        seconds = time.perf_counter() - started
+        # An empty pass alone, the query the sweeper runs every interval.
+        empty = []
+        for _ in range(20):
+            t = time.perf_counter()
+            with saga_app.engine.begin() as conn:
+                claim_due(conn, datetime.now(UTC), 500)
+            empty.append((time.perf_counter() - t) * 1000)
+        report["passes"][str(due)] = {
+            "due": due,
+            "handled": result.claimed,
+            "changed": result.changed,
+            "seconds": round(seconds, 3),
+            "then_empty_pass_ms_p50": round(statistics.median(empty), 2),
+            "plan": plan,
+        }
+        say(
+            args,
+            f"sweep: {due} due handled in {seconds:.3f} s; an empty pass {statistics.median(empty):.2f} ms",
+        )
+    return report
+
+
+def say(args: Any, line: str) -> None:
+    if not args.json:
+        print(line, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="saga-tasks bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--sagas", type=int, default=2000, help="burst size (default 2000)")
+    parser.add_argument("--unloaded", type=int, default=200, help="items timed one at a time")
+    parser.add_argument(
+        "--long", type=int, default=0, help="sagas of the RSS growth run (e.g. 50000)"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="also benchmark the sweeper on 1M sagas"
+    )
+    parser.add_argument("--sweep-rows", type=int, default=1_000_000)
+    parser.add_argument("--only", default="chain,durable_chain,saga,saga_mixed")
+    parser.add_argument("--pool", default="solo", choices=["solo", "prefork", "threads"])
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument(
+        "--orchestrators", type=int, default=1, help="worker processes on saga.replies"
+    )
+    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--starters", type=int, default=4, help="threads starting the burst")
+    parser.add_argument("--log-level", default="WARNING", help="worker log level, the same for all")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--here", action="store_true", help="use SAGA_DATABASE_URL and SAGA_BROKER_URL"
+    )
+    parser.add_argument("--log-dir", default=".bench/logs")
+    args = parser.parse_args(argv)
+    from saga_tasks.ops.isolation import Isolation
+
+    base = Settings.from_env()
+    admin = (
+        make_url(base.database_url).set(database="postgres").render_as_string(hide_password=False)
+    )
+    isolation = None if args.here else Isolation(admin_database_url=admin, prefix="saga_bench_")
+    if isolation is not None:
+        isolation.__enter__()
+    try:
+        database_url = isolation.database_url if isolation else base.database_url
+        broker_url = isolation.broker_url if isolation else base.broker_url
+        vhost = isolation.ident if isolation else "/"
+        return _main(args, database_url, broker_url, vhost)
+    finally:
+        if isolation is not None:
+            isolation.__exit__(None, None, None)
+
+
+def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
+    os.environ.update(
+        {
+            "SAGA_DATABASE_URL": database_url,
+            "SAGA_BROKER_URL": broker_url,
+            "SAGA_LOG_LEVEL": "WARNING",
+        }
+    )
+    from saga_tasks.ops.services import upgrade
+
+    upgrade(database_url)
+    from participants.app import saga_app
+    from participants.seed import seed
+    from saga_tasks.messaging.topology import declare_topology
+
+    declare_topology(broker_url, saga_app.topology)
+    seed(
+        saga_app.engine,
+        {f"sku-{i}": 10**9 for i in range(1, 11)},
+        {"c-1": 2**31 - 1, "c-low": 1_000},
+    )
+    with saga_app.engine.begin() as conn:
+        conn.execute(text("CREATE SCHEMA IF NOT EXISTS bench"))
+        conn.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS bench.chain_row (id bigserial PRIMARY KEY, chain_id text, step text, at timestamptz DEFAULT now())"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS bench.chain_state (chain_id text PRIMARY KEY, version int NOT NULL)"
+            )
+        )
+    bench = Bench(args, database_url, broker_url, vhost)
+    results: dict[str, Result] = {}
+    wanted = args.only.split(",")
+    try:
+        for name in ("chain", "durable_chain", "saga", "saga_mixed"):
+            if name not in wanted:
+                continue
+            if name in ("chain", "durable_chain"):
+                results[name] = bench.chain(durable=name == "durable_chain")
+            else:
+                results[name] = bench.saga(mixed=name == "saga_mixed")
+        sweep = sweep_bench(args, database_url, broker_url) if args.sweep else None
+    finally:
+        bench.redis.delete(bench.done_key)
+        from saga_tasks.tasks import forget_beat_state
+
+        forget_beat_state(saga_app.settings)
+    report = build_report(args, results, sweep)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print_report(report)
+    return 0
+
+
+def build_report(
+    args: Any, results: dict[str, Result], sweep: dict[str, Any] | None
+) -> dict[str, Any]:
+    import platform
+
+    import psutil
+
+    def ratio(a: str, b: str) -> float | None:
+        if a in results and b in results:
+            return round(results[a].throughput / results[b].throughput, 3)
+        return None
+
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "layout": {
+            "pool": args.pool,
+            "concurrency": args.concurrency,
+            "prefetch_multiplier": args.prefetch,
+            "orchestrators": args.orchestrators,
+            "starter_threads": args.starters,
+            "worker_per_queue": True,
+        },
+        "burst": args.sagas,
+        "ratio_vs_chain": ratio("saga", "chain"),
+        "ratio_vs_durable_chain": ratio("saga", "durable_chain"),
+        "ratio_mixed_vs_chain": ratio("saga_mixed", "chain"),
+        "configurations": {name: r.__dict__ for name, r in results.items()},
+        "sweep": sweep,
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print()
+    header = f"{'configuration':<15}{'items/s':>9}{'burst p50':>11}{'p95':>8}{'p99':>8}" \
+             f"{'unloaded p50':>14}{'p95':>8}{'p99':>8}{'commits':>9}{'publishes':>11}"  # fmt: skip
+    print(header)
+    for name, r in report["configurations"].items():
+        b, u = r["burst_latency_ms"], r["unloaded_latency_ms"]
+        print(
+            f"{name:<15}{r['throughput']:>9.1f}{b['p50']:>11.1f}{b['p95']:>8.1f}{b['p99']:>8.1f}"
+            f"{u['p50']:>14.1f}{u['p95']:>8.1f}{u['p99']:>8.1f}"
+            f"{r['commits_per_item'] if r['commits_per_item'] is not None else '-':>9}"
+            f"{r['publishes_per_item'] if r['publishes_per_item'] is not None else '-':>11}"
+        )
+    print(
+        f"\nsaga / chain: {report['ratio_vs_chain']}   saga / durable chain: {report['ratio_vs_durable_chain']}"
+    )
+    for name, r in report["configurations"].items():
+        print(f"peak RSS {name}: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items()))
+        if "long" in r["extra"]:
+            print(f"RSS growth over the long run: {r['extra']['long']['growth_percent']}")
+    if report["sweep"]:
+        for due, p in report["sweep"]["passes"].items():
+            print(f"sweep, {due} due of {report['sweep']['rows']}: {p['seconds']} s; then an empty pass "
+                  f"{p['then_empty_pass_ms_p50']} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The baselines the benchmark measures the order saga against: a chain of three tasks.
+
+    celery -A participants.bench_baseline worker -Q bench.a      (and bench.b, bench.c)
+
+Baseline A (``BENCH_DURABLE`` unset): three no-op tasks, each on its own queue,
+``acks_late``, no database, no publisher confirms: Celery alone. Baseline B
+(``BENCH_DURABLE=1``): each task runs one PostgreSQL transaction (insert one row,
+update one row under a version check) and the chain publishes with confirms: the
+cost of durability without saga logic. The last task pushes the chain's latency to
+a Redis list the benchmark reads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+DURABLE = os.environ.get("BENCH_DURABLE") == "1"
+DONE_KEY = os.environ.get("BENCH_DONE_KEY", "saga_tasks:bench:done")
+
+app = Celery("bench_baseline", set_as_current=False)
+app.conf.update(
+    broker_url=os.environ.get("SAGA_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"),
+    task_queues=[
+        Queue(q, Exchange(q, "direct"), routing_key=q) for q in ("bench.a", "bench.b", "bench.c")
+    ],
+    task_routes={
+        "bench.a": {"queue": "bench.a"},
+        "bench.b": {"queue": "bench.b"},
+        "bench.c": {"queue": "bench.c"},
+    },
+    task_create_missing_queues=False,
+    task_acks_late=True,
+    task_ignore_result=True,
+    task_serializer="json",
+    accept_content=["json"],
+    worker_prefetch_multiplier=int(os.environ.get("SAGA_PREFETCH_MULTIPLIER", "4")),
+    worker_hijack_root_logger=False,
+    broker_transport_options={"confirm_publish": True} if DURABLE else {},
+)
+
+_engine: Any = None
+_redis: Any = None
+
+
+def _db() -> Any:
+    global _engine  # noqa: PLW0603 - one engine per worker process
+    if _engine is None:
+        from saga_tasks.persistence.db import get_engine
+
+        _engine = get_engine(os.environ["SAGA_DATABASE_URL"])
+    return _engine
+
+
+def _durable_step(chain_id: str, step: str) -> None:
+    from sqlalchemy import text
+
+    with _db().begin() as conn:
+        conn.execute(
+            text("INSERT INTO bench.chain_row (chain_id, step) VALUES (:c, :s)"),
+            {"c": chain_id, "s": step},
+        )
+        changed = conn.execute(
+            text(
+                "INSERT INTO bench.chain_state (chain_id, version) VALUES (:c, 1) "
+                "ON CONFLICT (chain_id) DO UPDATE SET version = bench.chain_state.version + 1 "
+                "WHERE bench.chain_state.version = :v - 1 RETURNING version"
+            ),
+            {"c": chain_id, "v": {"a": 1, "b": 2, "c": 3}[step]},
+        ).first()
+        if changed is None:
+            raise RuntimeError("version check failed")
+
+
+@app.task(name="bench.a")
+def step_a(chain_id: str, started: float) -> tuple[str, float]:
+    if DURABLE:
+        _durable_step(chain_id, "a")
+    return chain_id, started
+
+
+@app.task(name="bench.b")
+def step_b(previous: tuple[str, float]) -> tuple[str, float]:
+    if DURABLE:
+        _durable_step(previous[0], "b")
+    return previous[0], previous[1]
+
+
+@app.task(name="bench.c")
+def step_c(previous: tuple[str, float]) -> None:
+    global _redis  # noqa: PLW0603 - one client per worker process
+    if DURABLE:
+        _durable_step(previous[0], "c")
+    if _redis is None:
+        import redis
+
+        _redis = redis.Redis.from_url(
+            os.environ.get("SAGA_RESULT_BACKEND", "redis://127.0.0.1:6379/0")
+        )
+    finished = time.time()
+    _redis.rpush(DONE_KEY, f"{previous[1]}:{finished}")
+
+
+def start_chain(chain_id: str) -> None:
+    from celery import chain
+
+    chain(step_a.s(chain_id, time.time()), step_b.s(), step_c.s()).apply_async()
