@@ -42,7 +42,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import Settings
-from saga_tasks.ops.processes import WorkerProcess, wait_for
+from saga_tasks.ops.processes import WorkerProcess, exit_on_sigterm, wait_for
+
+CONFIGURATIONS = ("chain_stock", "chain", "durable_chain", "saga", "saga_mixed")
 
 ORDER = {"customer_id": "c-1", "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 100}
 DECLINED = {"customer_id": "c-low", "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 5_000}
@@ -59,6 +61,7 @@ class Result:
     peak_rss_mb: dict[str, float]
     commits_per_item: float | None
     publishes_per_item: float | None
+    cpu_ms_per_item: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -141,6 +144,44 @@ class Bench:
 
     # -- counters ---------------------------------------------------------------------------
 
+    def cpu_seconds(self, workers: Sequence[WorkerProcess]) -> dict[str, float]:
+        """CPU time used so far by the workers, PostgreSQL, RabbitMQ and this process
+        (which starts the items): where the machine's two cores go."""
+        import psutil
+
+        def total(proc: psutil.Process, children: bool) -> float:
+            t = proc.cpu_times()
+            own = t.user + t.system
+            if children:
+                own += sum(
+                    c.cpu_times().user + c.cpu_times().system for c in proc.children(recursive=True)
+                )
+            return own
+
+        found = {"workers": 0.0, "postgresql": 0.0, "rabbitmq": 0.0, "benchmark": 0.0}
+        for w in workers:
+            try:
+                found["workers"] += total(psutil.Process(w.pid), children=True)
+            except psutil.Error:
+                continue
+        for proc in psutil.process_iter(["name"]):
+            name = proc.info["name"] or ""
+            key = (
+                "postgresql"
+                if name.startswith("postgres")
+                else "rabbitmq"
+                if "beam" in name
+                else None
+            )
+            if key is None:
+                continue
+            try:
+                found[key] += total(proc, children=False)
+            except psutil.Error:
+                continue
+        found["benchmark"] = total(psutil.Process(), children=False)
+        return found
+
     def commits(self) -> int:
         """Write transactions so far, cluster-wide: the next transaction id, read without
         taking one. Read-only transactions (pollers, this benchmark) take no id; the
@@ -200,12 +241,14 @@ class Bench:
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+        cpu0 = self.cpu_seconds(workers)
         t0 = time.time()
         with ThreadPoolExecutor(self.args.starters) as pool:
             list(pool.map(start, range(n)))
         wait_for(
             lambda: len(finished()) >= warm + n, timeout=900, interval=0.1, describe=f"{name} burst"
         )
+        cpu1 = self.cpu_seconds(workers)
         done = finished()[warm:]
         last = max(f for _, f in done)
         seconds = last - t0
@@ -227,7 +270,7 @@ class Bench:
             wait_for(
                 one_more,
                 timeout=60,
-                interval=0.001,
+                interval=0.005,  # timestamps come from the items; polling only finds them
                 describe="one item",
             )
             s, f = finished()[-1]
@@ -244,12 +287,13 @@ class Bench:
             publishes_per_item=round((published - publishes0) / n, 2)
             if published is not None and publishes0 is not None
             else None,
+            cpu_ms_per_item={k: round((cpu1[k] - cpu0[k]) / n * 1000, 2) for k in cpu1},
         )
 
-    def chain(self, durable: bool) -> Result:
+    def chain(self, durable: bool, stock: bool = False) -> Result:
         self.redis.delete(self.done_key)
-        env = {"BENCH_DURABLE": "1" if durable else "0"}
-        os.environ["BENCH_DURABLE"] = env["BENCH_DURABLE"]
+        env = {"BENCH_DURABLE": "1" if durable else "0", "BENCH_ACK_FIX": "0" if stock else "1"}
+        os.environ.update(env)
         os.environ["BENCH_DONE_KEY"] = self.done_key
         os.environ["SAGA_BROKER_URL"] = self.broker_url
         import importlib
@@ -273,9 +317,8 @@ class Bench:
                     pairs.append((float(started), float(ended)))
                 return sorted(pairs, key=lambda p: p[1])
 
-            return self.run(
-                "durable_chain" if durable else "chain", start, finished, workers, self.args.sagas
-            )
+            name = ("durable_chain" if durable else "chain") + ("_stock" if stock else "")
+            return self.run(name, start, finished, workers, self.args.sagas)
         finally:
             for w in workers:
                 w.stop()
@@ -492,7 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sweep", action="store_true", help="also benchmark the sweeper on 1M sagas"
     )
     parser.add_argument("--sweep-rows", type=int, default=1_000_000)
-    parser.add_argument("--only", default="chain,durable_chain,saga,saga_mixed")
+    parser.add_argument(
+        "--only", default=",".join(CONFIGURATIONS), help="comma-separated configurations"
+    )
     parser.add_argument("--pool", default="solo", choices=["solo", "prefork", "threads"])
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument(
@@ -514,16 +559,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         make_url(base.database_url).set(database="postgres").render_as_string(hide_password=False)
     )
     isolation = None if args.here else Isolation(admin_database_url=admin, prefix="saga_bench_")
-    if isolation is not None:
-        isolation.__enter__()
-    try:
-        database_url = isolation.database_url if isolation else base.database_url
-        broker_url = isolation.broker_url if isolation else base.broker_url
-        vhost = isolation.ident if isolation else "/"
-        return _main(args, database_url, broker_url, vhost)
-    finally:
+    with exit_on_sigterm():
         if isolation is not None:
-            isolation.__exit__(None, None, None)
+            isolation.__enter__()
+        try:
+            database_url = isolation.database_url if isolation else base.database_url
+            broker_url = isolation.broker_url if isolation else base.broker_url
+            vhost = isolation.ident if isolation else "/"
+            return _main(args, database_url, broker_url, vhost)
+        finally:
+            if isolation is not None:
+                isolation.__exit__(None, None, None)
 
 
 def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
@@ -563,11 +609,13 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
     results: dict[str, Result] = {}
     wanted = args.only.split(",")
     try:
-        for name in ("chain", "durable_chain", "saga", "saga_mixed"):
+        for name in CONFIGURATIONS:
             if name not in wanted:
                 continue
-            if name in ("chain", "durable_chain"):
-                results[name] = bench.chain(durable=name == "durable_chain")
+            if "chain" in name:
+                results[name] = bench.chain(
+                    durable=name.startswith("durable"), stock=name.endswith("_stock")
+                )
             else:
                 results[name] = bench.saga(mixed=name == "saga_mixed")
         sweep = sweep_bench(args, database_url, broker_url) if args.sweep else None
@@ -615,6 +663,7 @@ def build_report(
         "ratio_vs_chain": ratio("saga", "chain"),
         "ratio_vs_durable_chain": ratio("saga", "durable_chain"),
         "ratio_mixed_vs_chain": ratio("saga_mixed", "chain"),
+        "ratio_vs_chain_stock": ratio("saga", "chain_stock"),
         "configurations": {name: r.__dict__ for name, r in results.items()},
         "sweep": sweep,
     }
@@ -634,8 +683,14 @@ def print_report(report: dict[str, Any]) -> None:
             f"{r['publishes_per_item'] if r['publishes_per_item'] is not None else '-':>11}"
         )
     print(
-        f"\nsaga / chain: {report['ratio_vs_chain']}   saga / durable chain: {report['ratio_vs_durable_chain']}"
+        f"\nsaga / chain: {report['ratio_vs_chain']}   saga / durable chain: "
+        f"{report['ratio_vs_durable_chain']}   saga / stock chain: {report['ratio_vs_chain_stock']}"
     )
+    print("\nCPU milliseconds per item (burst):")
+    for name, r in report["configurations"].items():
+        cpu = r["cpu_ms_per_item"]
+        print(f"  {name:<15}" + "  ".join(f"{k} {v}" for k, v in cpu.items())
+              + f"  total {round(sum(cpu.values()), 1)}")  # fmt: skip
     for name, r in report["configurations"].items():
         print(f"peak RSS {name}: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items()))
         if "long" in r["extra"]:

@@ -8,6 +8,11 @@ Baseline A (``BENCH_DURABLE`` unset): three no-op tasks, each on its own queue,
 update one row under a version check) and the chain publishes with confirms: the
 cost of durability without saga logic. The last task pushes the chain's latency to
 a Redis list the benchmark reads.
+
+``BENCH_ACK_FIX=1`` gives the baselines the same consumer fix the saga workers run
+(acks written at once, ``saga_tasks.tasks.consumer``): without it, stock Celery with
+``acks_late`` stalls whenever the prefetch window fills (celery/celery#7718), and the
+benchmark reports that too, as ``*_stock``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 DURABLE = os.environ.get("BENCH_DURABLE") == "1"
+ACK_FIX = os.environ.get("BENCH_ACK_FIX") == "1"
 DONE_KEY = os.environ.get("BENCH_DONE_KEY", "saga_tasks:bench:done")
 
 app = Celery("bench_baseline", set_as_current=False)
@@ -42,6 +48,8 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_transport_options={"confirm_publish": True} if DURABLE else {},
 )
+if ACK_FIX:
+    app.conf.worker_consumer = "saga_tasks.tasks.consumer:ImmediateAckConsumer"
 
 _engine: Any = None
 _redis: Any = None

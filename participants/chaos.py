@@ -40,7 +40,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from saga_tasks.config import Settings
-from saga_tasks.ops.processes import Supervisor, WorkerProcess, wait_for
+from saga_tasks.ops.processes import Supervisor, WorkerProcess, exit_on_sigterm, wait_for
 
 TIME_SCALE = 0.2
 """Order saga timeouts in a chaos run: create 6 s, authorize 12 s, saga 120 s.
@@ -247,15 +247,16 @@ def run(args: Any) -> int:
         if args.here
         else Isolation(admin_database_url=_admin_url(base.database_url), prefix=args.prefix)
     )
-    if isolation is not None:
-        isolation.__enter__()
-    try:
-        database_url = isolation.database_url if isolation else base.database_url
-        broker_url = isolation.broker_url if isolation else base.broker_url
-        return _run(args, database_url, broker_url, upgrade)
-    finally:
-        if isolation is not None and not args.keep:
-            isolation.__exit__(None, None, None)
+    with exit_on_sigterm():
+        if isolation is not None:
+            isolation.__enter__()
+        try:
+            database_url = isolation.database_url if isolation else base.database_url
+            broker_url = isolation.broker_url if isolation else base.broker_url
+            return _run(args, database_url, broker_url, upgrade)
+        finally:
+            if isolation is not None and not args.keep:
+                isolation.__exit__(None, None, None)
 
 
 def _admin_url(database_url: str) -> str:
@@ -368,7 +369,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print_report(report)
-    saga_app.celery.close()
+    saga_app.close()
     from saga_tasks.persistence.db import dispose_all
 
     dispose_all()

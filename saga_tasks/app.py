@@ -10,6 +10,7 @@ each worker picks its queue with ``-Q``.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from functools import cached_property
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 from saga_tasks.clock import Clock, SystemClock
 from saga_tasks.config import Settings
 from saga_tasks.definitions import SagaDefinition
+from saga_tasks.delivery import Outlet, SyncOutlet
 from saga_tasks.errors import ConfigurationError
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import Topology
@@ -67,7 +69,7 @@ class SagaApp:
             engine=lambda: self.engine,
             registry=self.registry,
             topology=self.topology,
-            publisher=lambda: self.publisher,
+            outlet=lambda: self.outlet,
             clock=self.clock,
             demo_faults=self.settings.demo_faults,
         )
@@ -76,11 +78,14 @@ class SagaApp:
                 p,
                 engine=lambda: self.engine,
                 publisher=lambda: self.publisher,
+                outlet=lambda: self.outlet,
                 clock=self.clock,
                 demo_faults=self.settings.demo_faults,
             )
             for p in participants
         }
+        self._outlets: dict[int, Outlet] = {}
+        self._outlet_lock = threading.Lock()
         with _default_lock:
             if not _default:
                 _default.append(self)
@@ -93,6 +98,49 @@ class SagaApp:
     @property
     def publisher(self) -> Publisher:
         return Publisher(self.celery, self.topology, self.settings.publish_timeout)
+
+    @property
+    def outlet(self) -> Outlet:
+        """Where this process sends committed outbox messages (a forked child gets its own)."""
+        pid = os.getpid()
+        found = self._outlets.get(pid)
+        if found is not None:
+            return found
+        with self._outlet_lock:
+            found = self._outlets.get(pid)
+            if found is None:
+                found = self._new_outlet()
+                self._outlets = {pid: found}  # an inherited parent's outlet is unusable here
+        return found
+
+    def _new_outlet(self) -> Outlet:
+        if self.settings.publish_mode == "sync":
+            return SyncOutlet(lambda: self.engine, lambda: self.publisher)
+        from saga_tasks.messaging.dispatcher import Dispatcher
+        from saga_tasks.messaging.publisher import task_message_encoder
+
+        return Dispatcher(
+            broker_url=self.settings.broker_url,
+            encode=task_message_encoder(self.celery, self.topology),
+            engine=lambda: self.engine,
+            connect_timeout=self.settings.publish_timeout,
+        )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every message this process sent after a commit is confirmed by the
+        broker and marked published (or left to recovery); False on timeout."""
+        outlet = self._outlets.get(os.getpid())
+        if outlet is None:
+            return True
+        return outlet.flush(self.settings.publish_timeout if timeout is None else timeout)
+
+    def close(self) -> None:
+        """Flush and close this process's outlet, and the Celery app's connections."""
+        outlet = self._outlets.pop(os.getpid(), None)
+        if outlet is not None:
+            outlet.close(self.settings.publish_timeout)
+        if "celery" in self.__dict__:
+            self.celery.close()
 
     @cached_property
     def celery(self) -> Celery:

@@ -137,6 +137,18 @@ class Settings:
         5.0,
         "Seconds to wait for the broker to confirm one publish.",
     )
+    publish_mode: str = _env(
+        "SAGA_PUBLISH_MODE",
+        "async",
+        "async: a sender thread publishes committed messages and marks them; the task "
+        "does not wait. sync: each task waits for the confirms and the marking.",
+    )
+    task_events: bool = _env(
+        "SAGA_TASK_EVENTS",
+        False,
+        "1 makes workers send Celery task events (Flower's task pages), as worker -E does; "
+        "each is one more confirmed publish per task state.",
+    )
     db_pool_size: int = _env(
         "SAGA_DB_POOL_SIZE",
         2,
@@ -177,6 +189,10 @@ class Settings:
         self.tokens()
         if not (self.trace_export in ("off", "console") or self.trace_export.startswith("file:")):
             raise ConfigurationError("SAGA_TRACE_EXPORT must be off, console or file:<path>")
+        if self.publish_mode not in ("async", "sync"):
+            raise ConfigurationError(
+                f"SAGA_PUBLISH_MODE must be 'async' or 'sync', not {self.publish_mode!r}"
+            )
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(
                 f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"

@@ -1,6 +1,9 @@
 """Getting committed outbox messages to the broker: at once after commit, and by recovery.
 
-Publish-after-commit is the fast path. Recovery (a beat task) is the guarantee: a
+Publish-after-commit is the fast path: an ``Outlet`` takes what a transaction just
+committed. ``Dispatcher`` (the default) queues it for a sender thread and returns;
+``SyncOutlet`` (``SAGA_PUBLISH_MODE=sync``) publishes, waits for the confirms and
+marks the rows before returning. Recovery (a beat task) is the guarantee: a
 row left unpublished by a crash, a broker outage or a lost confirm is claimed with
 ``FOR UPDATE SKIP LOCKED`` once it is old enough and published again. Consumers
 deduplicate, so publishing twice is safe; never publishing is what must not happen.
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import Engine, Table
 
@@ -46,6 +50,37 @@ def deliver(
                 extra={"message_id": result.published[0], "count": len(result.published)},
             )
     return result
+
+
+class Outlet(Protocol):
+    """Where a transaction's committed outbox messages go right after the commit."""
+
+    def send(self, table: Table, messages: Sequence[OutboundMessage]) -> None: ...
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until what was sent is confirmed and marked, or left to recovery."""
+        ...
+
+    def close(self, timeout: float) -> None:
+        """Flush, then release the connection and any thread."""
+        ...
+
+
+class SyncOutlet:
+    """Publish, wait for the confirms, mark the rows, then return."""
+
+    def __init__(self, engine: Callable[[], Engine], publisher: Callable[[], Publisher]) -> None:
+        self._engine = engine
+        self._publisher = publisher
+
+    def send(self, table: Table, messages: Sequence[OutboundMessage]) -> None:
+        deliver(self._engine(), table, self._publisher(), messages)
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+    def close(self, timeout: float) -> None:
+        return None
 
 
 @dataclass(frozen=True)

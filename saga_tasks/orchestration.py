@@ -1,6 +1,6 @@
 """The transactional shell around the decider: one transaction per event.
 
-    dedup (inbox) -> lock the saga row -> decide -> write state, history, outbox
+    dedup (inbox) and lock the saga row -> decide -> write state, history, outbox
     -> commit -> publish the outbox rows with confirms -> (the task acks)
 
 Starting a saga is the same shell with a unique (type, business key) in place of
@@ -25,7 +25,7 @@ from saga_tasks import faults, metrics, tracing
 from saga_tasks.clock import Clock
 from saga_tasks.decider import CommandIntent, Decision, decide
 from saga_tasks.definitions import SagaDefinition
-from saga_tasks.delivery import deliver
+from saga_tasks.delivery import Outlet
 from saga_tasks.errors import (
     BusinessKeyConflict,
     InputError,
@@ -37,10 +37,9 @@ from saga_tasks.errors import (
 )
 from saga_tasks.events import DeadLettered, DeadlinePassed, OperatorAction, Started
 from saga_tasks.messages import OutboundMessage, command_headers, parse_reply
-from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
 from saga_tasks.model import SagaState
-from saga_tasks.persistence import inbox, outbox, sagas
+from saga_tasks.persistence import outbox, sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
 from saga_tasks.states import TERMINAL_SAGA, Classification, SagaStatus
@@ -115,7 +114,7 @@ class Orchestrator:
         engine: Callable[[], Engine],
         registry: Registry,
         topology: Topology,
-        publisher: Callable[[], Publisher],
+        outlet: Callable[[], Outlet],
         clock: Clock,
         demo_faults: bool = False,
     ) -> None:
@@ -123,7 +122,7 @@ class Orchestrator:
         self._engine = engine
         self.registry = registry
         self.topology = topology
-        self._publisher = publisher
+        self._outlet = outlet
         self.clock = clock
 
     @property
@@ -183,7 +182,7 @@ class Orchestrator:
         with translated(str(self.engine.url)), self.engine.begin() as conn:
             handle, messages = self._write_start(conn, definition, decision, digest)
         if handle.created:
-            deliver(self.engine, saga_outbox, self._publisher(), messages)
+            self._outlet().send(saga_outbox, messages)
         return handle
 
     def _start_in_session(
@@ -191,11 +190,10 @@ class Orchestrator:
     ) -> SagaHandle:
         handle, messages = self._write_start(session.connection(), definition, decision, digest)
         if handle.created and messages:
-            engine = self.engine
-            publisher = self._publisher
+            outlet = self._outlet
 
             def publish_after_commit(_session: Session) -> None:
-                deliver(engine, saga_outbox, publisher(), messages)
+                outlet().send(saga_outbox, messages)
 
             event.listen(session, "after_commit", publish_after_commit, once=True)
         return handle
@@ -307,22 +305,23 @@ class Orchestrator:
         now = self.clock.now()
         messages: list[OutboundMessage] = []
         with translated(str(self.engine.url)), self.engine.begin() as conn:
-            if not inbox.claim(conn, ORCHESTRATOR, message_id, saga_id):
-                sagas.append_note_if_exists(
-                    conn,
-                    saga_id,
-                    event="duplicate_message",
-                    reason="message already consumed",
-                    message_id=message_id,
-                    now=now,
-                )
+            new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
+            if not new:
+                if state is not None:
+                    sagas.append_note(
+                        conn,
+                        state,
+                        event="duplicate_message",
+                        reason="message already consumed",
+                        message_id=message_id,
+                        now=now,
+                    )
                 metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
                 log.info(
                     "duplicate message ignored",
                     extra={"saga_id": saga_id, "message_id": message_id, "step": reply.step},
                 )
                 return Classification.DUPLICATE
-            state = sagas.lock(conn, saga_id)
             if state is None:
                 reason = f"reply for unknown saga {saga_id}"
             else:
@@ -355,8 +354,10 @@ class Orchestrator:
         fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
         if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
             faults.crash("orchestrator after commit, before publishing", **fields)
-        deliver(self.engine, saga_outbox, self._publisher(), messages)
+        outlet = self._outlet()
+        outlet.send(saga_outbox, messages)
         if fault and fault.kind is faults.FaultKind.CRASH_AFTER_PUBLISH:
+            outlet.flush(5.0)  # the crash point is after the broker has the messages
             faults.crash("orchestrator after publishing, before the ack", **fields)
         return decision.classification
 
@@ -395,7 +396,7 @@ class Orchestrator:
         self.get(saga_id)  # a clear SagaNotFound for a bad id
         with translated(str(self.engine.url)), self.engine.begin() as conn:
             messages, after = self.act_in(conn, saga_id, action, expect_version=expect_version)
-        deliver(self.engine, saga_outbox, self._publisher(), messages)
+        self._outlet().send(saga_outbox, messages)
         return after
 
     def act_in(
@@ -487,7 +488,7 @@ class Orchestrator:
             for state, decision in done:
                 if decision.changed:
                     self._after_decision(state, decision, None)
-            deliver(self.engine, saga_outbox, self._publisher(), messages)
+            self._outlet().send(saga_outbox, messages)
             if len(due) < batch:
                 break
         return report
@@ -531,6 +532,8 @@ class Orchestrator:
                     after, message_id, status_before=before.status, status_after=after.status
                 ),
             )
+        if not log.isEnabledFor(level):
+            return
         for entry in decision.history:
             log.log(
                 level,

@@ -32,7 +32,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from saga_tasks import faults, invalid, metrics, tracing
 from saga_tasks.clock import Clock
-from saga_tasks.delivery import deliver
+from saga_tasks.delivery import Outlet
 from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
 from saga_tasks.messages import Command, OutboundMessage, parse_command, reply_message
 from saga_tasks.messaging.publisher import Publisher
@@ -171,12 +171,14 @@ class ParticipantRuntime:
         *,
         engine: Callable[[], Engine],
         publisher: Callable[[], Publisher],
+        outlet: Callable[[], Outlet],
         clock: Clock,
         demo_faults: bool,
     ) -> None:
         self.participant = participant
         self._engine = engine
         self._publisher = publisher
+        self._outlet = outlet
         self.clock = clock
         self.demo_faults = demo_faults
 
@@ -274,10 +276,9 @@ class ParticipantRuntime:
             fault = None  # faults act on the first execution of a command only
         if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
             faults.crash("after commit, before the reply is published", **fields)
-        publisher = self._publisher()
-        deliver(engine, self.participant.outbox, publisher, [reply])
+        self._outlet().send(self.participant.outbox, [reply])
         if fault and fault.kind is faults.FaultKind.DUPLICATE_REPLY:
-            publisher.publish([reply])
+            self._publisher().publish([reply])
         outcome = "duplicate" if duplicate else str(reply.body.get("outcome"))
         metrics.MESSAGES.labels(
             consumer=self.participant.name, classification="duplicate" if duplicate else "accepted"

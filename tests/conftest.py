@@ -126,7 +126,7 @@ def build_order_app(settings, *, clock=None, time_scale: float = 1.0, on_dead_le
 def order_app(settings):
     app = build_order_app(settings)
     yield app
-    app.celery.close()
+    app.close()
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def clocked_app(settings, clock):
     """The order saga with a clock the test moves (timeouts: create 30 s, authorize 60 s)."""
     app = build_order_app(settings, clock=clock)
     yield app
-    app.celery.close()
+    app.close()
 
 
 TIME_SCALE = 0.03
@@ -156,7 +156,7 @@ def fast_app(settings, workers):
     workers.time_scale = TIME_SCALE
     app = build_order_app(settings, time_scale=TIME_SCALE)
     yield app
-    app.celery.close()
+    app.close()
 
 
 class Workers:

@@ -9,7 +9,7 @@ outbox row stays unpublished and recovery sends it later.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -114,6 +114,7 @@ class Publisher:
             routing_key=message.routing_key
             or self.topology.routing_key(message.queue, message.task_name),
             producer=producer,
+            ignore_result=True,  # saga state lives in PostgreSQL, never in the result backend
             mandatory=True,
             confirm_timeout=self.confirm_timeout,
             retry=True,
@@ -124,3 +125,41 @@ class Publisher:
                 "interval_max": 1,
             },
         )
+
+
+def task_message_encoder(
+    app: Celery, topology: Topology
+) -> Callable[[OutboundMessage], tuple[str, str, Any]]:
+    """Outbox messages as the bytes and properties ``send_task`` would publish: a
+    Celery protocol 2 task message, JSON, persistent, the task id as correlation id.
+    For the dispatcher, which publishes on a connection of its own."""
+    from amqp import Message
+    from celery.utils.nodenames import anon_nodename
+    from kombu.utils.json import dumps
+
+    as_task = app.amqp.as_task_v2
+    origin = anon_nodename()
+
+    def encode(message: OutboundMessage) -> tuple[str, str, Any]:
+        queue = topology.queue(message.queue)
+        headers, _properties, body, _sent = as_task(
+            message.message_id,
+            message.task_name,
+            kwargs=dict(message.body),
+            origin=origin,
+            ignore_result=True,  # saga state lives in PostgreSQL, never in the result backend
+        )
+        headers.update(message.headers)
+        routing_key = message.routing_key or topology.routing_key(message.queue, message.task_name)
+        amqp_message = Message(
+            dumps(body).encode(),
+            content_type="application/json",
+            content_encoding="utf-8",
+            application_headers=headers,
+            delivery_mode=2,
+            correlation_id=message.message_id,
+            reply_to="",
+        )
+        return queue.exchange.name, routing_key, amqp_message
+
+    return encode

@@ -43,6 +43,21 @@ def wait_for(
         time.sleep(interval)
 
 
+@contextlib.contextmanager
+def exit_on_sigterm() -> Any:
+    """Turn SIGTERM into ``SystemExit`` while inside, so ``finally`` blocks stop the
+    workers and drop the vhost and database a run made, as Ctrl-C does."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 _READY = {
     "worker": " ready.",
     "beat": "beat: Starting",

@@ -2,20 +2,32 @@
 
 An engine is created lazily in the process that uses it and never shared across a
 fork: a prefork child that inherits its parent's pool would use the parent's sockets.
+
+A pooled connection is tested with a round trip before use only when it sat idle in
+the pool for ``IDLE_PING_AFTER`` seconds (``pool_pre_ping`` would test it before every
+transaction: one round trip of the ten a reply costs). A busy worker reuses its
+connections within milliseconds, where a restart of PostgreSQL in between is a
+failure like any other (the message is retried); after a pause, when a restart or an
+idle timeout is likely, the dead connection is replaced before anyone sees it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, exc, text
+from sqlalchemy import Engine, create_engine, event, exc, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import mask_url
 from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable
+
+IDLE_PING_AFTER = 1.0
+"""Seconds a pooled connection may sit unused before it is tested on checkout."""
 
 _engines: dict[tuple[int, str, int], Engine] = {}
 _lock = threading.Lock()
@@ -37,12 +49,30 @@ def get_engine(url: str, pool_size: int = 2) -> Engine:
                 url,
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                pool_pre_ping=True,
                 pool_recycle=1800,
                 connect_args={"connect_timeout": 5, "application_name": "saga_tasks"},
             )
+            _ping_when_idle(engine)
             _engines[key] = engine
     return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    @event.listens_for(engine, "checkin")
+    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < IDLE_PING_AFTER:
+            return
+        try:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except engine.dialect.loaded_dbapi.Error as error:
+            # The pool replaces the connection and tries again (up to three times).
+            raise exc.DisconnectionError(str(error)) from error
 
 
 def dispose_all() -> None:

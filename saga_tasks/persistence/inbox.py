@@ -1,4 +1,4 @@
-"""The orchestrator's inbox and its record of messages that made no sense."""
+"""The record of messages that made no sense (the inbox claim is ``sagas.claim_and_lock``)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, insert
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from saga_tasks.persistence.tables import inbox, invalid_message
-
-
-def claim(conn: Connection, consumer: str, message_id: str, saga_id: str | None) -> bool:
-    """Record a message as consumed; False means it was consumed before (a duplicate).
-
-    A concurrent delivery of the same message blocks on the key until this
-    transaction ends, then sees the conflict: the key, not timing, decides.
-    """
-    stmt = (
-        pg_insert(inbox)
-        .values(consumer=consumer, message_id=message_id, saga_id=saga_id)
-        .on_conflict_do_nothing(index_elements=["consumer", "message_id"])
-        .returning(inbox.c.message_id)
-    )
-    return conn.execute(stmt).first() is not None
+from saga_tasks.persistence.tables import invalid_message
 
 
 def record_invalid(

@@ -12,13 +12,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, insert, select, update
+from sqlalchemy import Connection, Row, and_, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from saga_tasks.decider import HistoryEntry
 from saga_tasks.errors import ConcurrencyConflict
 from saga_tasks.model import SagaState, StepState
-from saga_tasks.persistence.tables import saga_history, saga_instance, saga_step
+from saga_tasks.persistence.tables import inbox, saga_history, saga_instance, saga_step
 from saga_tasks.states import SagaStatus, StepStatus
 
 SYSTEM_ACTOR = "system"
@@ -108,6 +108,46 @@ def lock(conn: Connection, saga_id: str) -> SagaState | None:
     )
     rows = conn.execute(stmt).all()
     return _to_state(rows) if rows else None
+
+
+def claim_and_lock(
+    conn: Connection, consumer: str, message_id: str, saga_id: str
+) -> tuple[bool, SagaState | None]:
+    """Record a message in the inbox and lock its saga, in one round trip.
+
+    Returns (new, state): ``new`` is False for a message consumed before (a duplicate),
+    ``state`` None for an unknown saga. A concurrent delivery of the same message
+    blocks on the inbox key until the first transaction ends, then sees the conflict.
+    """
+    claimed = (
+        pg_insert(inbox)
+        .values(consumer=consumer, message_id=message_id, saga_id=saga_id)
+        .on_conflict_do_nothing(index_elements=["consumer", "message_id"])
+        .returning(inbox.c.message_id)
+        .cte("claimed")
+    )
+    new = select(func.count()).select_from(claimed).scalar_subquery().label("new_message")
+    stmt = (
+        select(new, saga_instance, *_STEP_COLUMNS)
+        .select_from(
+            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
+        )
+        .where(saga_instance.c.saga_id == saga_id)
+        .order_by(saga_step.c.position)
+        .with_for_update(of=saga_instance)
+    )
+    rows = conn.execute(stmt).all()
+    if rows:
+        return bool(rows[0].new_message), _to_state(rows)
+    # No such saga (rare): the inbox row is new if this transaction wrote it.
+    mine = conn.execute(
+        text(
+            "SELECT xmin = pg_current_xact_id()::xid FROM saga.inbox "
+            "WHERE consumer = :c AND message_id = :m"
+        ),
+        {"c": consumer, "m": message_id},
+    ).scalar_one()
+    return bool(mine), None
 
 
 def claim_due(conn: Connection, now: datetime, limit: int) -> list[SagaState]:
@@ -228,30 +268,36 @@ def save(
         return
     position = {name: i for i, name in enumerate(step_order)}
     rows = [_step_row(new.saga_id, name, position[name], new.steps[name]) for name in changed]
+    conn.execute(_STEP_UPSERT, rows)
+
+
+_STEP_UPDATED = (
+    "status",
+    "attempt",
+    "compensation_attempt",
+    "generation",
+    "command_id",
+    "compensation_id",
+    "requested_at",
+    "deadline",
+    "finished_at",
+    "result",
+    "last_error",
+    "given_up",
+)
+
+
+def _step_upsert() -> Any:
+    # RETURNING makes SQLAlchemy send the rows as one multi-VALUES statement
+    # ("insertmanyvalues"), compiled once and cached: an executemany would cost a round
+    # trip per step, and a statement built with .values(rows) is compiled every time.
     stmt = pg_insert(saga_step)
-    conn.execute(
-        stmt.on_conflict_do_update(
-            constraint="pk_saga_step",
-            set_={
-                c: stmt.excluded[c]
-                for c in (
-                    "status",
-                    "attempt",
-                    "compensation_attempt",
-                    "generation",
-                    "command_id",
-                    "compensation_id",
-                    "requested_at",
-                    "deadline",
-                    "finished_at",
-                    "result",
-                    "last_error",
-                    "given_up",
-                )
-            },
-        ),
-        rows,
-    )
+    return stmt.on_conflict_do_update(
+        constraint="pk_saga_step", set_={c: stmt.excluded[c] for c in _STEP_UPDATED}
+    ).returning(saga_step.c.step)
+
+
+_STEP_UPSERT = _step_upsert()
 
 
 def _step_row(saga_id: str, name: str, position: int, st: StepState) -> dict[str, Any]:
@@ -305,6 +351,27 @@ def append_history(
         conn.execute(insert(saga_history), rows)
 
 
+def append_note(
+    conn: Connection,
+    state: SagaState,
+    *,
+    event: str,
+    reason: str,
+    message_id: str | None,
+    now: datetime,
+) -> None:
+    """A history line that changes nothing, for a saga already loaded."""
+    _note(
+        conn,
+        state.saga_id,
+        state.status.value,
+        event=event,
+        reason=reason,
+        message_id=message_id,
+        now=now,
+    )
+
+
 def append_note_if_exists(
     conn: Connection,
     saga_id: str,
@@ -320,6 +387,20 @@ def append_note_if_exists(
     ).scalar_one_or_none()
     if status is None:
         return False
+    _note(conn, saga_id, status, event=event, reason=reason, message_id=message_id, now=now)
+    return True
+
+
+def _note(
+    conn: Connection,
+    saga_id: str,
+    status: str,
+    *,
+    event: str,
+    reason: str,
+    message_id: str | None,
+    now: datetime,
+) -> None:
     conn.execute(
         insert(saga_history).values(
             saga_id=saga_id,
@@ -333,7 +414,6 @@ def append_note_if_exists(
             detail={},
         )
     )
-    return True
 
 
 def has_event(conn: Connection, saga_id: str, event: str) -> bool:

@@ -59,8 +59,8 @@ def build_celery(saga_app: SagaApp) -> Celery:
         task_retry_on_worker_lost=True,
         task_track_started=False,
         worker_prefetch_multiplier=settings.prefetch_multiplier,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_consumer="saga_tasks.tasks.consumer:SagaConsumer",
         worker_hijack_root_logger=False,
@@ -113,9 +113,23 @@ def build_celery(saga_app: SagaApp) -> Celery:
         for handler in runtime.participant.handlers.values():
             _register_handler(celery, saga_app, runtime, handler)
     _connect_logging(saga_app)
+    _flush_on_shutdown(celery, saga_app)
     if settings.metrics_port:
         _serve_metrics_when_ready(celery, settings.metrics_port)
     return celery
+
+
+def _flush_on_shutdown(celery: Celery, saga_app: SagaApp) -> None:
+    """A stopping worker (or prefork child) hands its queued publishes to the broker
+    first; what does not make it in time stays for recovery."""
+    from celery.signals import worker_process_shutdown, worker_shutdown
+
+    def flush(sender: Any = None, **_: Any) -> None:
+        if not saga_app.flush():
+            log.warning("publishes still unconfirmed at shutdown; recovery sends them")
+
+    worker_shutdown.connect(flush, weak=False)
+    worker_process_shutdown.connect(flush, weak=False)
 
 
 def _serve_metrics_when_ready(celery: Celery, port: int) -> None:

@@ -111,7 +111,7 @@ def test_one_trace_per_saga_across_processes(settings, workers, tmp_path):
         assert tracing.trace_id(stored) == "ab" * 16
     finally:
         tracing.configure("off")
-        app.celery.close()
+        app.close()
 
 
 class Hook(BaseHTTPRequestHandler):
@@ -180,7 +180,7 @@ def test_alerts_go_out_once_per_saga_and_channel(order_app, settings, webhook):
     assert by_saga[review.saga_id]["condition"] == "manual_review"
     assert "conflicting replies" in by_saga[review.saga_id]["reason"]
     assert all("payload" not in a and "c-1" not in json.dumps(a) for a in hook.received)
-    app.celery.close()
+    app.close()
 
 
 @pytest.fixture

@@ -9,10 +9,13 @@ from kombu import Connection
 from sqlalchemy import text
 
 from participants.order_saga import OrderPayload  # noqa: F401 - keeps the example importable
+from saga_tasks.messaging.dispatcher import flush_all
 
 
 def drain(broker_url: str, queue: str, limit: int = 100) -> list[dict[str, Any]]:
-    """Take up to ``limit`` messages off ``queue`` (acked), as headers + decoded kwargs."""
+    """Take up to ``limit`` messages off ``queue`` (acked), as headers + decoded kwargs,
+    once this process's queued publishes are confirmed."""
+    flush_all()
     found: list[dict[str, Any]] = []
     with Connection(broker_url) as conn:
         channel = conn.channel()

@@ -137,7 +137,7 @@ def test_a_safe_replay_resumes_a_saga_waiting_for_a_person(settings):
         assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED
         assert scalar(app.engine, "SELECT count(*) FROM inventory.reservation") == 1
     finally:
-        app.celery.close()
+        app.close()
 
 
 def test_retry_step_resends_the_same_command(order_app, settings):

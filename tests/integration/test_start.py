@@ -19,6 +19,7 @@ def test_start_writes_the_saga_and_publishes_the_first_command(order_app, settin
     engine = order_app.engine
     assert scalar(engine, "SELECT count(*) FROM saga.saga_instance") == 1
     assert scalar(engine, "SELECT count(*) FROM saga.saga_step") == 4
+    assert order_app.flush(), "the broker confirmed the command and the row is marked"
     assert scalar(engine, "SELECT count(*) FROM saga.outbox WHERE published_at IS NOT NULL") == 1
     events = [r["event"] for r in rows(engine, "SELECT event FROM saga.saga_history ORDER BY id")]
     assert events == ["saga_started", "step_requested"]
