@@ -36,6 +36,7 @@ def test_settings_read_from_env_with_types():
         ({"SAGA_TASKS_DEMO_FAULTS": "perhaps"}, "not a valid bool"),
         ({"SAGA_QUEUE_TYPE": "stream"}, "classic' or 'quorum"),
         ({"SAGA_LOG_FORMAT": "xml"}, "text' or 'json"),
+        ({"SAGA_PUBLISH_MODE": "later"}, "async' or 'sync"),
         ({"SAGA_RELAY_MIN_AGE": "0"}, "must be positive"),
     ],
 )
