@@ -455,8 +455,11 @@ def sweep_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]
                 conn.execute(
                     text(
                         """WITH picked AS (
-                             SELECT saga_id FROM saga.saga_instance
-                             WHERE status = 'RUNNING' AND next_wake_at > now() LIMIT :n)
+                             SELECT saga_id FROM saga.saga_instance i
+                             WHERE status = 'RUNNING' AND next_wake_at > now()
+                               AND NOT EXISTS (SELECT FROM saga.saga_step st
+                                               WHERE st.saga_id = i.saga_id)
+                             LIMIT :n)
                            UPDATE saga.saga_instance s SET next_wake_at = now() - interval '1 second',
                                   payload = :p
                            FROM picked WHERE s.saga_id = picked.saga_id"""
@@ -620,6 +623,7 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
                 results[name] = bench.saga(mixed=name == "saga_mixed")
         sweep = sweep_bench(args, database_url, broker_url) if args.sweep else None
     finally:
+        saga_app.close()  # publishes of the sweep confirmed and marked before the drop
         bench.redis.delete(bench.done_key)
         from saga_tasks.tasks import forget_beat_state
 
@@ -697,8 +701,9 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"RSS growth over the long run: {r['extra']['long']['growth_percent']}")
     if report["sweep"]:
         for due, p in report["sweep"]["passes"].items():
+            scan = next((line.strip() for line in p["plan"] if "Scan" in line), "?")
             print(f"sweep, {due} due of {report['sweep']['rows']}: {p['seconds']} s; then an empty pass "
-                  f"{p['then_empty_pass_ms_p50']} ms")  # fmt: skip
+                  f"{p['then_empty_pass_ms_p50']} ms; plan: {scan.split('  (')[0]}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -456,42 +456,77 @@ class Orchestrator:
     def sweep(self, *, batch: int = 500, max_batches: int = 20) -> SweepReport:
         """Apply ``DeadlinePassed`` to every saga whose next deadline has passed.
 
-        Each batch is one transaction: claim due sagas (SKIP LOCKED), decide, write,
-        commit, publish. A saga whose decision raises is rolled back to its savepoint and
-        logged, and the rest of the batch goes on.
+        Each batch is one transaction of a fixed number of statements: claim due sagas
+        (SKIP LOCKED), decide each in memory, write every changed saga, step, history
+        line and command at once, commit, publish. A saga whose decision raises is
+        logged and left out; the rest of the batch goes on. A saga claimed with nothing
+        due (its stored wake-up time disagrees with its state) gets the time repaired,
+        so it is not claimed again in the next batch.
         """
         report = SweepReport()
         for _ in range(max_batches):
             now = self.clock.now()
-            done: list[tuple[SagaState, Decision]] = []
-            messages: list[OutboundMessage] = []
             with translated(str(self.engine.url)), self.engine.begin() as conn:
                 due = sagas.claim_due(conn, now, batch)
-                for state in due:
-                    savepoint = conn.begin_nested()
-                    try:
-                        definition = self.registry.get(state.saga_type, state.definition_version)
-                        decision = decide(definition, state, DeadlinePassed(), now)
-                        messages += self._write_decision(
-                            conn, definition, state, decision, now=now, causation_id=None
-                        )
-                    except Exception:
-                        savepoint.rollback()
-                        report.errors += 1
-                        log.exception("sweep failed for one saga", extra={"saga_id": state.saga_id})
-                        continue
-                    savepoint.commit()
-                    done.append((state, decision))
+                done = self._decide_due(due, now, report)
+                messages = self._write_swept(conn, done, now)
             report.claimed += len(due)
-            report.changed += sum(1 for _, d in done if d.changed)
+            report.changed += sum(1 for _, _, d in done if d.changed)
             report.commands += len(messages)
-            for state, decision in done:
+            for state, _, decision in done:
                 if decision.changed:
                     self._after_decision(state, decision, None)
             self._outlet().send(saga_outbox, messages)
             if len(due) < batch:
                 break
         return report
+
+    def _decide_due(
+        self, due: Sequence[SagaState], now: datetime, report: SweepReport
+    ) -> list[tuple[SagaState, SagaDefinition, Decision]]:
+        done = []
+        for state in due:
+            try:
+                definition = self.registry.get(state.saga_type, state.definition_version)
+                decision = decide(definition, state, DeadlinePassed(), now)
+            except Exception:
+                report.errors += 1
+                log.exception("sweep failed for one saga", extra={"saga_id": state.saga_id})
+                continue
+            done.append((state, definition, decision))
+        return done
+
+    def _write_swept(
+        self,
+        conn: Connection,
+        done: Sequence[tuple[SagaState, SagaDefinition, Decision]],
+        now: datetime,
+    ) -> list[OutboundMessage]:
+        changes = []
+        history: list[dict[str, Any]] = []
+        messages: list[OutboundMessage] = []
+        for state, definition, decision in done:
+            order = [s.name for s in definition.steps]
+            if decision.changed:
+                changes.append((state, decision.state, order))
+            else:
+                wake = state.next_wake_at()
+                if wake is not None and wake <= now:
+                    log.error(
+                        "a saga's deadline passed and nothing was done about it",
+                        extra={"saga_id": state.saga_id, "next_wake_at": wake},
+                    )
+                    continue
+                changes.append((state, state, order))  # repairs next_wake_at only
+            history += sagas.history_rows(state.saga_id, decision.history, now)
+            messages += [
+                self._command_message(decision.state, c, causation_id=None)
+                for c in decision.commands
+            ]
+        sagas.save_many(conn, changes, now)
+        sagas.insert_history_rows(conn, history)
+        outbox.write(conn, saga_outbox, messages)
+        return messages
 
     def _after_decision(
         self, before: SagaState, decision: Decision, message_id: str | None

@@ -263,12 +263,72 @@ def save(
         raise ConcurrencyConflict(
             f"saga {old.saga_id} is no longer at version {old.version}; its message will be retried"
         )
-    changed = [name for name in step_order if old.steps.get(name) != new.steps[name]]
-    if not changed:
+    rows = _changed_steps(old, new, step_order)
+    if rows:
+        conn.execute(_STEP_UPSERT, rows)
+
+
+def _changed_steps(
+    old: SagaState, new: SagaState, step_order: Sequence[str]
+) -> list[dict[str, Any]]:
+    return [
+        _step_row(new.saga_id, name, i, new.steps[name])
+        for i, name in enumerate(step_order)
+        if old.steps.get(name) != new.steps[name]
+    ]
+
+
+_SAVE_MANY = text(
+    """UPDATE saga.saga_instance AS s
+       SET status = v.status, status_reason = v.status_reason, version = v.version,
+           deadline = v.deadline, next_wake_at = v.next_wake_at, updated_at = :now,
+           finished_at = v.finished_at
+       FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(
+           saga_id uuid, old_version integer, status text, status_reason text,
+           version integer, deadline timestamptz, next_wake_at timestamptz,
+           finished_at timestamptz)
+       WHERE s.saga_id = v.saga_id AND s.version = v.old_version"""
+)
+
+
+def save_many(
+    conn: Connection,
+    changes: Sequence[tuple[SagaState, SagaState, Sequence[str]]],
+    now: datetime,
+) -> None:
+    """``save`` for many sagas in three statements, whatever their number (the sweeper).
+
+    Each ``(old, new, step_order)`` is a compare-and-set on ``old.version``; if any saga
+    moved meanwhile, ``ConcurrencyConflict`` rolls the whole batch back.
+    """
+    if not changes:
         return
-    position = {name: i for i, name in enumerate(step_order)}
-    rows = [_step_row(new.saga_id, name, position[name], new.steps[name]) for name in changed]
-    conn.execute(_STEP_UPSERT, rows)
+
+    def at(value: datetime | None) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    payload = [
+        {
+            "saga_id": old.saga_id,
+            "old_version": old.version,
+            "status": new.status.value,
+            "status_reason": new.reason,
+            "version": new.version,
+            "deadline": at(new.deadline),
+            "next_wake_at": at(new.next_wake_at()),
+            "finished_at": at(new.finished_at),
+        }
+        for old, new, _ in changes
+    ]
+    result = conn.execute(_SAVE_MANY, {"rows": json.dumps(payload), "now": now})
+    if result.rowcount != len(changes):
+        raise ConcurrencyConflict(
+            f"{len(changes) - result.rowcount} of {len(changes)} sagas moved while being swept; "
+            "the batch is rolled back and swept again"
+        )
+    steps = [row for old, new, order in changes for row in _changed_steps(old, new, order)]
+    if steps:
+        conn.execute(_STEP_UPSERT, steps)
 
 
 _STEP_UPDATED = (
@@ -329,7 +389,21 @@ def append_history(
     causation_id: str | None = None,
     actor: str = SYSTEM_ACTOR,
 ) -> None:
-    rows = [
+    rows = history_rows(saga_id, entries, now, causation_id=causation_id, actor=actor)
+    if rows:
+        conn.execute(insert(saga_history), rows)
+
+
+def history_rows(
+    saga_id: str,
+    entries: Iterable[HistoryEntry],
+    now: datetime,
+    *,
+    causation_id: str | None = None,
+    actor: str = SYSTEM_ACTOR,
+) -> list[dict[str, Any]]:
+    """History entries as rows, for one insert of many sagas' entries."""
+    return [
         {
             "saga_id": saga_id,
             "at": now,
@@ -347,8 +421,11 @@ def append_history(
         }
         for e in entries
     ]
+
+
+def insert_history_rows(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
     if rows:
-        conn.execute(insert(saga_history), rows)
+        conn.execute(insert(saga_history), list(rows))
 
 
 def append_note(

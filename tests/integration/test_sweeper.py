@@ -165,3 +165,33 @@ def test_the_saga_deadline_compensates_what_succeeded(clocked_app, clock, settin
         StepStatus.SKIPPED,
     ]
     assert scalar(app.engine, "SELECT count(*) FROM payments.authorization") == 0
+
+
+def test_a_wake_up_time_that_disagrees_with_the_saga_is_repaired_once(clocked_app, clock, settings):
+    app = clocked_app
+    handle = create_and_advance_to_reserve(app, settings.broker_url, "t-stale")
+    version = app.orchestrator.get(handle.saga_id).version
+    with app.engine.begin() as conn:  # as a manual edit or a restored backup might leave it
+        conn.exec_driver_sql(
+            "UPDATE saga.saga_instance SET next_wake_at = now() - interval '1 hour'"
+        )
+    report = app.orchestrator.sweep()
+    assert (report.claimed, report.changed, report.commands) == (1, 0, 0)
+    assert app.orchestrator.sweep().claimed == 0, "repaired: not claimed again"
+    wake = scalar(app.engine, "SELECT next_wake_at FROM saga.saga_instance")
+    assert wake == app.orchestrator.get(handle.saga_id).steps["reserve_stock"].deadline
+    assert app.orchestrator.get(handle.saga_id).version == version
+    assert drain(settings.broker_url, "inventory.commands")[0]["headers"]["saga_attempt"] == 1
+
+
+def test_many_due_sagas_are_swept_in_batches(clocked_app, clock, settings):
+    app = clocked_app
+    handles = [app.start_saga("order", f"t-many-{i}", ORDER) for i in range(30)]
+    drain(settings.broker_url, "orders.commands", limit=100)
+    clock.advance(31)
+    report = app.orchestrator.sweep(batch=7)
+    assert (report.claimed, report.changed, report.commands) == (30, 30, 30)
+    resent = drain(settings.broker_url, "orders.commands", limit=100)
+    assert sorted(m["headers"]["saga_id"] for m in resent) == sorted(h.saga_id for h in handles)
+    assert {m["headers"]["saga_attempt"] for m in resent} == {2}
+    assert app.orchestrator.sweep().claimed == 0
