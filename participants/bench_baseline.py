@@ -110,7 +110,7 @@ def step_c(previous: tuple[str, float]) -> None:
             os.environ.get("SAGA_RESULT_BACKEND", "redis://127.0.0.1:6379/0")
         )
     finished = time.time()
-    _redis.rpush(DONE_KEY, f"{previous[1]}:{finished}")
+    _redis.rpush(DONE_KEY, f"{previous[0]}:{previous[1]}:{finished}")
 
 
 def start_chain(chain_id: str) -> None:

@@ -14,6 +14,7 @@ and checks, from the database alone:
 - stock is conserved: each SKU's reserved count is what its held reservations hold, and
   only completed sagas (or sagas waiting for a person) hold any;
 - no saga has a payment authorized twice, and none left authorized unless it completed;
+  each customer's open total is what their open authorizations hold;
 - only completed sagas have confirmed orders;
 - the history explains every saga: it starts with ``saga_started`` and records how the
   saga came to its status;
@@ -200,6 +201,17 @@ def check_invariants(engine: Any) -> tuple[list[str], dict[str, int]]:
                GROUP BY saga_id HAVING count(*) > 1"""
         ):
             violations.append(f"saga {saga_id} has {n} payments authorized")
+        for customer_id, total, held in q(
+            """SELECT c.customer_id, c.authorized_cents, coalesce(sum(a.amount_cents), 0)
+               FROM payments.customer c
+               LEFT JOIN payments.authorization a
+                 ON a.customer_id = c.customer_id AND a.status = 'AUTHORIZED'
+               GROUP BY c.customer_id, c.authorized_cents
+               HAVING c.authorized_cents <> coalesce(sum(a.amount_cents), 0)"""
+        ):
+            violations.append(
+                f"customer {customer_id}: {total} cents authorized, open authorizations hold {held}"
+            )
         for saga_id, status in q(
             """SELECT a.saga_id, s.status FROM payments.authorization a
                JOIN saga.saga_instance s USING (saga_id)

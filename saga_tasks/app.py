@@ -123,6 +123,7 @@ class SagaApp:
             broker_url=self.settings.broker_url,
             encode=task_message_encoder(self.celery, self.topology),
             engine=lambda: self.engine,
+            mark_interval=self.settings.mark_interval,
             connect_timeout=self.settings.publish_timeout,
         )
 

@@ -143,6 +143,12 @@ class Settings:
         "async: a sender thread publishes committed messages and marks them; the task "
         "does not wait. sync: each task waits for the confirms and the marking.",
     )
+    mark_interval: float = _env(
+        "SAGA_MARK_INTERVAL",
+        0.25,
+        "Seconds the sender thread gathers confirmed publishes before marking them published "
+        "(one UPDATE per outbox); below SAGA_RELAY_MIN_AGE, so recovery never races it.",
+    )
     task_events: bool = _env(
         "SAGA_TASK_EVENTS",
         False,
@@ -197,7 +203,10 @@ class Settings:
             raise ConfigurationError(
                 f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"
             )
+        if self.mark_interval >= self.relay_min_age:
+            raise ConfigurationError("SAGA_MARK_INTERVAL must be below SAGA_RELAY_MIN_AGE")
         for name in (
+            "mark_interval",
             "relay_interval",
             "relay_min_age",
             "publish_timeout",

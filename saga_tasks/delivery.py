@@ -40,7 +40,7 @@ def deliver(
         metrics.PUBLISH_FAILURES.labels(path="after_commit").inc(len(result.failed))
     if result.published:
         try:
-            with translated(str(engine.url)), engine.begin() as conn:
+            with translated(engine.url), engine.begin() as conn:
                 outbox.mark_published(conn, table, result.published)
         except ServiceUnavailable as exc:
             # Published but not marked: recovery publishes them again; consumers dedupe.
@@ -105,7 +105,7 @@ def relay(
     ``after_publish`` runs between the publish and the mark (the demo crash point).
     """
     name = f"{table.schema}.{table.name}"
-    with translated(str(engine.url)), engine.begin() as conn:
+    with translated(engine.url), engine.begin() as conn:
         rows = outbox.claim_unpublished(conn, table, min_age_seconds=min_age_seconds, limit=batch)
         if not rows:
             return RelayReport(name, 0, 0, 0)

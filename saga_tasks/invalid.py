@@ -70,7 +70,7 @@ def record(
         extra={"saga_id": saga_id, "message_id": message_id, "consumer": consumer, "queue": queue},
     )
     try:
-        with translated(str(engine.url)), engine.begin() as conn:
+        with translated(engine.url), engine.begin() as conn:
             inbox.record_invalid(
                 conn,
                 consumer=consumer,

@@ -143,6 +143,16 @@ def parse_command(message_id: str, headers: Mapping[str, Any] | None, body: Any)
     )
 
 
+def describe(message: OutboundMessage) -> str:
+    """What Celery shows for a message's arguments (Flower, worker logs): references
+    only, never the body, which carries business data."""
+    h = message.headers
+    return (
+        f"{{saga {h.get(H_SAGA_ID)}, step {h.get(H_STEP)}, {h.get(H_KIND)}, "
+        f"attempt {h.get(H_ATTEMPT, 1)}}}"
+    )
+
+
 def command_headers(
     *,
     saga_id: str,

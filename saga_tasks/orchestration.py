@@ -39,7 +39,7 @@ from saga_tasks.events import DeadLettered, DeadlinePassed, OperatorAction, Star
 from saga_tasks.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
 from saga_tasks.model import SagaState
-from saga_tasks.persistence import outbox, sagas
+from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
 from saga_tasks.states import TERMINAL_SAGA, Classification, SagaStatus
@@ -179,7 +179,7 @@ class Orchestrator:
         decision = decide(definition, state, Started(), now)
         if session is not None:
             return self._start_in_session(session, definition, decision, digest)
-        with translated(str(self.engine.url)), self.engine.begin() as conn:
+        with translated(self.engine.url), self.engine.begin() as conn:
             handle, messages = self._write_start(conn, definition, decision, digest)
         if handle.created:
             self._outlet().send(saga_outbox, messages)
@@ -203,7 +203,17 @@ class Orchestrator:
     ) -> tuple[SagaHandle, list[OutboundMessage]]:
         state = decision.state
         now = state.created_at
-        if not sagas.insert_new(conn, state, digest, now, [s.name for s in definition.steps]):
+        messages = [self._command_message(state, c, causation_id=None) for c in decision.commands]
+        inserted = sagas.insert_new(
+            conn,
+            state,
+            digest,
+            now,
+            [s.name for s in definition.steps],
+            history=sagas.history_rows(state.saga_id, decision.history, now),
+            messages=messages,
+        )
+        if not inserted:
             existing = sagas.find_by_key(conn, state.saga_type, state.business_key)
             if existing is None:  # deleted between the two statements
                 raise InputError("the saga for this business key disappeared; try again")
@@ -223,9 +233,6 @@ class Orchestrator:
                 ),
                 [],
             )
-        sagas.append_history(conn, state.saga_id, decision.history, now)
-        messages = [self._command_message(state, c, causation_id=None) for c in decision.commands]
-        outbox.write(conn, saga_outbox, messages)
         metrics.SAGAS_STARTED.labels(saga_type=state.saga_type).inc()
         log.info(
             "saga started",
@@ -304,7 +311,7 @@ class Orchestrator:
             return Classification.INVALID
         now = self.clock.now()
         messages: list[OutboundMessage] = []
-        with translated(str(self.engine.url)), self.engine.begin() as conn:
+        with translated(self.engine.url), self.engine.begin() as conn:
             new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
             if not new:
                 if state is not None:
@@ -372,18 +379,18 @@ class Orchestrator:
         causation_id: str | None,
         actor: str = sagas.SYSTEM_ACTOR,
     ) -> list[OutboundMessage]:
-        """State (compare-and-set), history and outbox of one decision, in ``conn``'s tx."""
+        """State (compare-and-set), history and outbox of one decision, in ``conn``'s tx:
+        one statement."""
+        changes = sagas.Changes()
         if decision.changed:
-            sagas.save(conn, state, decision.state, now, [s.name for s in definition.steps])
-        sagas.append_history(
-            conn, state.saga_id, decision.history, now, causation_id=causation_id, actor=actor
-        )
-        messages = [
+            changes.save(state, decision.state, [s.name for s in definition.steps])
+        changes.log(state.saga_id, decision.history, now, causation_id=causation_id, actor=actor)
+        changes.messages = [
             self._command_message(decision.state, c, causation_id=causation_id)
             for c in decision.commands
         ]
-        outbox.write(conn, saga_outbox, messages)
-        return messages
+        sagas.write_changes(conn, changes, now)
+        return changes.messages
 
     # -- operators and dead letters ---------------------------------------------------------
 
@@ -394,7 +401,7 @@ class Orchestrator:
         since the operator looked) or ``ActionRefused`` (the action does not fit).
         """
         self.get(saga_id)  # a clear SagaNotFound for a bad id
-        with translated(str(self.engine.url)), self.engine.begin() as conn:
+        with translated(self.engine.url), self.engine.begin() as conn:
             messages, after = self.act_in(conn, saga_id, action, expect_version=expect_version)
         self._outlet().send(saga_outbox, messages)
         return after
@@ -466,7 +473,7 @@ class Orchestrator:
         report = SweepReport()
         for _ in range(max_batches):
             now = self.clock.now()
-            with translated(str(self.engine.url)), self.engine.begin() as conn:
+            with translated(self.engine.url), self.engine.begin() as conn:
                 due = sagas.claim_due(conn, now, batch)
                 done = self._decide_due(due, now, report)
                 messages = self._write_swept(conn, done, now)
@@ -502,13 +509,11 @@ class Orchestrator:
         done: Sequence[tuple[SagaState, SagaDefinition, Decision]],
         now: datetime,
     ) -> list[OutboundMessage]:
-        changes = []
-        history: list[dict[str, Any]] = []
-        messages: list[OutboundMessage] = []
+        changes = sagas.Changes()
         for state, definition, decision in done:
             order = [s.name for s in definition.steps]
             if decision.changed:
-                changes.append((state, decision.state, order))
+                changes.save(state, decision.state, order)
             else:
                 wake = state.next_wake_at()
                 if wake is not None and wake <= now:
@@ -517,16 +522,14 @@ class Orchestrator:
                         extra={"saga_id": state.saga_id, "next_wake_at": wake},
                     )
                     continue
-                changes.append((state, state, order))  # repairs next_wake_at only
-            history += sagas.history_rows(state.saga_id, decision.history, now)
-            messages += [
+                changes.save(state, state, order)  # repairs next_wake_at only
+            changes.log(state.saga_id, decision.history, now)
+            changes.messages += [
                 self._command_message(decision.state, c, causation_id=None)
                 for c in decision.commands
             ]
-        sagas.save_many(conn, changes, now)
-        sagas.insert_history_rows(conn, history)
-        outbox.write(conn, saga_outbox, messages)
-        return messages
+        sagas.write_changes(conn, changes, now)
+        return changes.messages
 
     def _after_decision(
         self, before: SagaState, decision: Decision, message_id: str | None
@@ -615,7 +618,7 @@ class Orchestrator:
             uuid.UUID(saga_id)
         except ValueError:
             raise SagaNotFound(f"{saga_id!r} is not a saga id (a UUID)") from None
-        with translated(str(self.engine.url)), self.engine.connect() as conn:
+        with translated(self.engine.url), self.engine.connect() as conn:
             state = sagas.load(conn, saga_id)
         if state is None:
             raise SagaNotFound(f"no saga {saga_id}")

@@ -10,8 +10,10 @@
 
 For every command, in one transaction of the participant's own database:
 the command ledger is claimed by command id (a duplicate re-sends the stored reply
-and runs nothing), the business function runs inside a savepoint, and the reply is
-written to the participant's outbox. The reply is published after commit.
+and runs nothing), the business function runs, and the reply is stored in the ledger
+and written to the participant's outbox. The reply is published after commit. A
+``BusinessRejection`` rolls the whole transaction back, the function's partial
+writes with it, and the refusal is claimed and queued in a transaction of its own.
 
 A compensation whose forward command never ran leaves a tombstone in the ledger
 under the forward command's id and succeeds; if the forward command arrives later,
@@ -27,8 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, MetaData, Table, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Connection, Engine, MetaData, Table
 
 from saga_tasks import faults, invalid, metrics, tracing
 from saga_tasks.clock import Clock
@@ -37,7 +38,7 @@ from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
 from saga_tasks.messages import Command, OutboundMessage, parse_command, reply_message
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE, command_queue
-from saga_tasks.persistence import outbox
+from saga_tasks.persistence import ledger as ledger_sql
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ledger_table, outbox_table
 from saga_tasks.states import MessageKind, Outcome
@@ -163,7 +164,7 @@ class _Reply:
 
 
 class ParticipantRuntime:
-    """Runs handlers of one participant: the ledger, the savepoint, the outbox, the publish."""
+    """Runs handlers of one participant: the ledger, the handler, the outbox, the publish."""
 
     def __init__(
         self,
@@ -181,6 +182,7 @@ class ParticipantRuntime:
         self._outlet = outlet
         self.clock = clock
         self.demo_faults = demo_faults
+        self._ledger = ledger_sql.Ledger(participant.ledger, participant.outbox)
 
     def execute(
         self,
@@ -270,8 +272,22 @@ class ParticipantRuntime:
             fault = None
         elif not fresh:
             fault = None
-        with translated(str(engine.url)), engine.begin() as conn:
-            reply, duplicate = self._handle(conn, handler, command, fault, fields)
+        try:
+            with translated(engine.url), engine.begin() as conn:
+                reply, duplicate = self._handle(conn, handler, command, fault, fields)
+        except BusinessRejection as rejection:
+            # Rolled back whole, partial writes with it; the refusal in a transaction
+            # of its own (a success needs no savepoint, which is two round trips).
+            log.info(
+                "%s refused: %s",
+                handler.task_name,
+                rejection.code,
+                extra={**fields, "code": rejection.code},
+            )
+            with translated(engine.url), engine.begin() as conn:
+                reply, duplicate = self._refuse(
+                    conn, handler, command, rejection, fault=fault, fields=fields
+                )
         if duplicate:
             fault = None  # faults act on the first execution of a command only
         if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
@@ -286,6 +302,16 @@ class ParticipantRuntime:
         log.info("%s handled: %s", handler.task_name, outcome, extra=fields)
         return outcome
 
+    def _claim(self, handler: Handler, command: Command) -> ledger_sql.Claim:
+        return ledger_sql.Claim(
+            command_id=command.command_id,
+            saga_id=command.saga_id,
+            step=command.step,
+            kind=command.kind.value,
+            task_name=handler.task_name,
+            compensates=command.compensates,
+        )
+
     def _handle(
         self,
         conn: Connection,
@@ -294,34 +320,10 @@ class ParticipantRuntime:
         fault: faults.Fault | None,
         fields: Mapping[str, Any],
     ) -> tuple[OutboundMessage, bool]:
-        ledger = self.participant.ledger
-        claimed = conn.execute(
-            pg_insert(ledger)
-            .values(
-                command_id=command.command_id,
-                saga_id=command.saga_id,
-                step=command.step,
-                kind=command.kind.value,
-                task_name=handler.task_name,
-                outcome="pending",
-                compensates=command.compensates,
-            )
-            .on_conflict_do_nothing(index_elements=["command_id"])
-            .returning(ledger.c.command_id)
-        ).first()
-        if claimed is None:
-            row = conn.execute(
-                select(ledger.c.kind, ledger.c.reply, ledger.c.reply_message_id).where(
-                    ledger.c.command_id == command.command_id
-                )
-            ).one()
-            if row.kind == "tombstone":
-                log.warning("command refused: its compensation ran first", extra=dict(fields))
-            else:
-                log.info("duplicate command: re-sending the stored reply", extra=dict(fields))
-            stored = _Reply.from_stored(row.reply)
-            return self._reply_message(command, str(row.reply_message_id), stored), True
-
+        """Claim, run, store and queue the reply; ``BusinessRejection`` propagates so the
+        caller rolls this transaction back and records the refusal in a new one."""
+        if not self._ledger.claim(conn, self._claim(handler, command)):
+            return self._stored(conn, command, fields), True
         if fault and fault.kind is faults.FaultKind.SLOW:
             faults.pause(fault.seconds)  # slow work: after the claim, so re-sends wait for it
         now = self.clock.now()
@@ -333,17 +335,59 @@ class ParticipantRuntime:
             reply = _Reply(Outcome.SUCCESS, {"nothing_to_undo": nothing_to_undo})
         else:
             reply = self._run(conn, handler, command, now, fields)
-        reply_id = reply_id_for(command.command_id)
-        message = self._reply_message(command, reply_id, reply)
-        outbox.write(conn, self.participant.outbox, [message])
-        conn.execute(
-            update(ledger)
-            .where(ledger.c.command_id == command.command_id)
-            .values(outcome=reply.outcome.value, reply=reply.stored(), reply_message_id=reply_id)
+        message = self._reply_message(command, reply_id_for(command.command_id), reply)
+        self._ledger.record_reply(
+            conn,
+            command.command_id,
+            outcome=reply.outcome.value,
+            reply=reply.stored(),
+            message=message,
         )
         if fault and fault.kind is faults.FaultKind.CRASH_BEFORE_COMMIT:
             faults.crash("inside the transaction, before commit", **fields)
         return message, False
+
+    def _refuse(
+        self,
+        conn: Connection,
+        handler: Handler,
+        command: Command,
+        rejection: BusinessRejection,
+        *,
+        fault: faults.Fault | None,
+        fields: Mapping[str, Any],
+    ) -> tuple[OutboundMessage, bool]:
+        """Claim the command with its refusal and queue the reply, in one statement.
+
+        Between the rollback and this claim a duplicate delivery may have claimed the
+        command (and run it): then its stored reply is the answer, as for any duplicate.
+        """
+        reply = _Reply(Outcome.FAILURE, None, rejection.code, rejection.message)
+        message = self._reply_message(command, reply_id_for(command.command_id), reply)
+        claimed = self._ledger.claim_with_reply(
+            conn,
+            self._claim(handler, command),
+            outcome=reply.outcome.value,
+            reply=reply.stored(),
+            message=message,
+        )
+        if not claimed:
+            return self._stored(conn, command, fields), True
+        if fault and fault.kind is faults.FaultKind.CRASH_BEFORE_COMMIT:
+            faults.crash("inside the transaction, before commit", **fields)
+        return message, False
+
+    def _stored(
+        self, conn: Connection, command: Command, fields: Mapping[str, Any]
+    ) -> OutboundMessage:
+        """The reply the ledger holds for a command seen before (or a tombstone's refusal)."""
+        row = self._ledger.stored(conn, command.command_id)
+        if row.kind == ledger_sql.TOMBSTONE:
+            log.warning("command refused: its compensation ran first", extra=dict(fields))
+        else:
+            log.info("duplicate command: re-sending the stored reply", extra=dict(fields))
+        stored = _Reply.from_stored(row.reply)
+        return self._reply_message(command, str(row.reply_message_id), stored)
 
     def _run(
         self,
@@ -354,25 +398,15 @@ class ParticipantRuntime:
         fields: Mapping[str, Any],
     ) -> _Reply:
         ctx = CommandContext(conn=conn, command=command, now=now)
-        savepoint = conn.begin_nested()
         try:
             result = handler.fn(ctx)
-        except BusinessRejection as rejection:
-            savepoint.rollback()
-            log.info(
-                "%s refused: %s",
-                handler.task_name,
-                rejection.code,
-                extra={**fields, "code": rejection.code},
-            )
-            return _Reply(Outcome.FAILURE, None, rejection.code, rejection.message)
+        except BusinessRejection:
+            raise
         except Exception:
-            savepoint.rollback()
             log.exception(
                 "%s raised; the transaction is rolled back", handler.task_name, extra=dict(fields)
             )
             raise
-        savepoint.commit()
         if result is not None and not isinstance(result, Mapping):
             raise TypeError(
                 f"{handler.task_name} must return a mapping or None, not {type(result).__name__}"
@@ -387,35 +421,28 @@ class ParticipantRuntime:
         Claims the forward command's ledger key with a tombstone; if the forward
         command is running right now, this waits for it on the key and then sees it.
         """
-        ledger = self.participant.ledger
         forward_id = command.compensates
         assert forward_id is not None
         tombstone_reply = _Reply(
             Outcome.FAILURE, None, TOMBSTONED, "the compensation of this command ran before it"
         )
-        forward_task = f"{self.participant.name}.{handler.undoes or '?'}"
-        placed = conn.execute(
-            pg_insert(ledger)
-            .values(
+        placed = self._ledger.place_tombstone(
+            conn,
+            ledger_sql.Claim(
                 command_id=forward_id,
                 saga_id=command.saga_id,
                 step=command.step,
-                kind="tombstone",
-                task_name=forward_task,
-                outcome=Outcome.FAILURE.value,
-                reply=tombstone_reply.stored(),
-                reply_message_id=reply_id_for(forward_id),
-                created_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=["command_id"])
-            .returning(ledger.c.command_id)
-        ).first()
-        if placed is not None:
+                kind=ledger_sql.TOMBSTONE,
+                task_name=f"{self.participant.name}.{handler.undoes or '?'}",
+            ),
+            reply=tombstone_reply.stored(),
+            reply_message_id=reply_id_for(forward_id),
+            outcome=Outcome.FAILURE.value,
+            now=now,
+        )
+        if placed:
             return "the forward command never ran here; a tombstone now refuses it"
-        outcome = conn.execute(
-            select(ledger.c.outcome).where(ledger.c.command_id == forward_id)
-        ).scalar_one()
-        if outcome == Outcome.FAILURE.value:
+        if self._ledger.outcome(conn, forward_id) == Outcome.FAILURE.value:
             return "the forward command was refused, so it changed nothing"
         return None
 

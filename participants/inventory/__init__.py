@@ -2,7 +2,7 @@
 
 Stock rows are locked in SKU order, so two reservations never deadlock. An unknown
 SKU or too little stock is a business failure; a partial reservation is rolled back
-with the savepoint the framework holds around every handler.
+with the transaction (the framework records the refusal in a new one).
 """
 
 from __future__ import annotations
@@ -55,26 +55,22 @@ def _quantities(items: Any) -> dict[str, int]:
 def reserve(ctx: CommandContext) -> Mapping[str, Any]:
     """Reserve every item of the order, or none."""
     wanted = _quantities(ctx.payload["items"])
-    rows = {
-        r.sku: r
-        for r in ctx.conn.execute(
-            select(stock.c.sku, stock.c.on_hand, stock.c.reserved)
-            .where(stock.c.sku.in_(sorted(wanted)))
-            .order_by(stock.c.sku)
-            .with_for_update()
-        )
-    }
-    for sku, qty in sorted(wanted.items()):
-        row = rows.get(sku)
-        if row is None:
-            raise BusinessRejection("unknown_sku", f"{sku} is not stocked")
-        if row.on_hand - row.reserved < qty:
+    for sku, qty in sorted(wanted.items()):  # in SKU order: two reservations never deadlock
+        taken = ctx.conn.execute(
+            update(stock)
+            .where(stock.c.sku == sku, stock.c.on_hand - stock.c.reserved >= qty)
+            .values(reserved=stock.c.reserved + qty)
+            .returning(stock.c.sku)
+        ).first()
+        if taken is None:  # the rare path: say why (the transaction is rolled back)
+            row = ctx.conn.execute(
+                select(stock.c.on_hand, stock.c.reserved).where(stock.c.sku == sku)
+            ).first()
+            if row is None:
+                raise BusinessRejection("unknown_sku", f"{sku} is not stocked")
             raise BusinessRejection(
                 "out_of_stock", f"{sku}: {row.on_hand - row.reserved} free, {qty} asked"
             )
-        ctx.conn.execute(
-            update(stock).where(stock.c.sku == sku).values(reserved=stock.c.reserved + qty)
-        )
     reservation_id = str(uuid.uuid5(_RESERVATION_IDS, ctx.command_id))
     ctx.conn.execute(
         insert(reservation).values(

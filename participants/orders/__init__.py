@@ -67,16 +67,17 @@ def cancel(ctx: CommandContext) -> Mapping[str, Any]:
 @participant.command("confirm")
 def confirm(ctx: CommandContext) -> Mapping[str, Any]:
     """Confirm a pending order: the point of no return of the order saga."""
-    status = ctx.conn.execute(
-        select(orders.c.status).where(orders.c.saga_id == ctx.saga_id).with_for_update()
-    ).scalar_one_or_none()
-    if status is None:
-        raise BusinessRejection("order_not_found", "no order for this saga")
-    if status != "PENDING":
-        raise BusinessRejection("order_not_pending", f"order is {status}")
-    ctx.conn.execute(
+    confirmed = ctx.conn.execute(
         update(orders)
-        .where(orders.c.saga_id == ctx.saga_id)
+        .where(orders.c.saga_id == ctx.saga_id, orders.c.status == "PENDING")
         .values(status="CONFIRMED", updated_at=ctx.now)
-    )
+        .returning(orders.c.order_id)
+    ).first()
+    if confirmed is None:  # the rare path: say why
+        status = ctx.conn.execute(
+            select(orders.c.status).where(orders.c.saga_id == ctx.saga_id)
+        ).scalar_one_or_none()
+        if status is None:
+            raise BusinessRejection("order_not_found", "no order for this saga")
+        raise BusinessRejection("order_not_pending", f"order is {status}")
     return {"status": "CONFIRMED"}

@@ -1,7 +1,9 @@
 """Payments: authorizes an amount against a customer's credit limit, and voids it.
 
 The decline rule is data: a customer's open authorizations plus this amount must
-stay within their credit limit. An unknown customer is declined too.
+stay within their credit limit. An unknown customer is declined too. The open total
+is kept on the customer row, under the lock every authorize takes, so a payment
+costs the same for a customer's first order and their ten-thousandth.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Column, DateTime, Integer, Table, Text, func, select, update
+from sqlalchemy import BigInteger, Column, DateTime, Integer, Table, Text, select, text, update
 from sqlalchemy.dialects.postgresql import UUID, insert
 
 from saga_tasks import BusinessRejection, CommandContext, Participant
@@ -22,6 +24,7 @@ customer = Table(
     participant.metadata,
     Column("customer_id", Text, primary_key=True),
     Column("credit_limit_cents", Integer, nullable=False),
+    Column("authorized_cents", BigInteger, nullable=False, server_default=text("0")),
     schema="payments",
 )
 
@@ -47,19 +50,21 @@ def authorize(ctx: CommandContext) -> Mapping[str, Any]:
     """Authorize the order's amount, or decline it."""
     customer_id = ctx.payload["customer_id"]
     amount = int(ctx.payload["amount_cents"])
-    limit = ctx.conn.execute(
-        select(customer.c.credit_limit_cents)
-        .where(customer.c.customer_id == customer_id)
-        .with_for_update()
-    ).scalar_one_or_none()
-    if limit is None:
-        raise BusinessRejection("unknown_customer", "no payment account for this customer")
-    open_amount = ctx.conn.execute(
-        select(func.coalesce(func.sum(authorization.c.amount_cents), 0)).where(
-            authorization.c.customer_id == customer_id, authorization.c.status == "AUTHORIZED"
+    held = ctx.conn.execute(
+        update(customer)
+        .where(
+            customer.c.customer_id == customer_id,
+            customer.c.authorized_cents + amount <= customer.c.credit_limit_cents,
         )
-    ).scalar_one()
-    if open_amount + amount > limit:
+        .values(authorized_cents=customer.c.authorized_cents + amount)
+        .returning(customer.c.customer_id)
+    ).first()
+    if held is None:  # the rare path: say why
+        known = ctx.conn.execute(
+            select(customer.c.customer_id).where(customer.c.customer_id == customer_id)
+        ).first()
+        if known is None:
+            raise BusinessRejection("unknown_customer", "no payment account for this customer")
         raise BusinessRejection("declined", "credit limit exceeded")
     authorization_id = str(uuid.uuid5(_AUTHORIZATION_IDS, ctx.command_id))
     ctx.conn.execute(
@@ -86,6 +91,12 @@ def void(ctx: CommandContext) -> Mapping[str, Any]:
             authorization.c.status == "AUTHORIZED",
         )
         .values(status="VOIDED", voided_at=ctx.now)
-        .returning(authorization.c.authorization_id)
+        .returning(authorization.c.customer_id, authorization.c.amount_cents)
     ).first()
+    if voided is not None:
+        ctx.conn.execute(
+            update(customer)
+            .where(customer.c.customer_id == voided.customer_id)
+            .values(authorized_cents=customer.c.authorized_cents - voided.amount_cents)
+        )
     return {"voided": voided is not None}

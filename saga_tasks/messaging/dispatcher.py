@@ -68,7 +68,7 @@ class Dispatcher:
         broker_url: str,
         encode: Callable[[OutboundMessage], Encoded],
         engine: Callable[[], Engine],
-        mark_interval: float = 0.02,
+        mark_interval: float = 0.25,
         capacity: int = 10_000,
         connect_timeout: float = 5.0,
     ) -> None:
@@ -332,7 +332,7 @@ class _Sender:
         engine = self.owner._engine()
         for name, items in batches.items():
             try:
-                with translated(str(engine.url)), engine.begin() as conn:
+                with translated(engine.url), engine.begin() as conn:
                     outbox.mark_published(
                         conn, self.tables[name], [i.message.message_id for i in items]
                     )

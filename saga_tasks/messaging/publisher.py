@@ -17,7 +17,7 @@ from celery import Celery
 
 from saga_tasks.config import mask_url
 from saga_tasks.errors import PublishFailed
-from saga_tasks.messages import OutboundMessage
+from saga_tasks.messages import OutboundMessage, describe
 from saga_tasks.messaging.topology import Topology
 
 log = logging.getLogger("saga_tasks.publisher")
@@ -107,6 +107,9 @@ class Publisher:
         self.app.send_task(
             message.task_name,
             kwargs=dict(message.body),
+            # Given, so Celery does not repr the body (costly, and it would show it).
+            argsrepr="()",
+            kwargsrepr=describe(message),
             task_id=message.message_id,
             headers=dict(message.headers),
             queue=cast(Any, queue),  # a Queue object: its declared arguments travel with it
@@ -146,6 +149,8 @@ def task_message_encoder(
             message.message_id,
             message.task_name,
             kwargs=dict(message.body),
+            argsrepr="()",
+            kwargsrepr=describe(message),  # references only; no repr of the body
             origin=origin,
             ignore_result=True,  # saga state lives in PostgreSQL, never in the result backend
         )

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, exc, text
+from sqlalchemy import URL, Engine, create_engine, event, exc, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import mask_url
@@ -83,10 +83,13 @@ def dispose_all() -> None:
 
 
 @contextmanager
-def translated(url: str) -> Iterator[None]:
+def translated(url: str | URL) -> Iterator[None]:
     """Turn database errors into saga_tasks errors: a connection lost or refused is a
     ``ServiceUnavailable``, a lost serialization race a ``ConcurrencyConflict``, a value
-    PostgreSQL cannot store (NUL characters, out-of-range numbers) an ``InputError``."""
+    PostgreSQL cannot store (NUL characters, out-of-range numbers) an ``InputError``.
+
+    ``url`` (an engine's URL object will do) is rendered only if an error names it.
+    """
     try:
         yield
     except exc.DataError as error:
@@ -98,9 +101,9 @@ def translated(url: str) -> Iterator[None]:
     except exc.OperationalError as error:
         if _is_serialization_failure(error):
             raise ConcurrencyConflict(str(error.orig).strip()) from error
-        raise ServiceUnavailable("PostgreSQL", mask_url(url), _first_line(error)) from error
+        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), _first_line(error)) from error
     except exc.InterfaceError as error:
-        raise ServiceUnavailable("PostgreSQL", mask_url(url), _first_line(error)) from error
+        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), _first_line(error)) from error
 
 
 def _is_serialization_failure(error: exc.OperationalError) -> bool:

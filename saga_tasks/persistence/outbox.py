@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Row, Table, and_, func, insert, select, text, update
+from sqlalchemy import Connection, Row, Table, TextClause, and_, func, select, text, update
 
 from saga_tasks.messages import OutboundMessage
+from saga_tasks.persistence import recordset
+
+COLUMNS = ("message_id", "saga_id", "task_name", "queue", "routing_key", "headers", "body")
+"""What a writer gives an outbox row; the rest (times, attempts) the table fills in."""
 
 
-def write(conn: Connection, table: Table, messages: Sequence[OutboundMessage]) -> None:
-    """Insert ``messages`` into the outbox ``table`` inside the caller's transaction."""
-    if not messages:
-        return
-    conn.execute(
-        insert(table),
+def rows(messages: Sequence[OutboundMessage]) -> str:
+    """``messages`` as the JSON parameter of ``insert_sql``."""
+    return recordset.encode(
         [
             {
                 "message_id": m.message_id,
@@ -23,12 +25,29 @@ def write(conn: Connection, table: Table, messages: Sequence[OutboundMessage]) -
                 "task_name": m.task_name,
                 "queue": m.queue,
                 "routing_key": m.routing_key,
-                "headers": dict(m.headers),
-                "body": dict(m.body),
+                "headers": m.headers,
+                "body": m.body,
             }
             for m in messages
-        ],
+        ]
     )
+
+
+@cache
+def insert_sql(table: Table, param: str = "outbox", also_from: str | None = None) -> str:
+    """SQL inserting the rows of ``:param`` (see ``rows``) into the outbox ``table``."""
+    return recordset.insert_from(table, COLUMNS, param, also_from=also_from)
+
+
+@cache
+def _insert(table: Table) -> TextClause:
+    return text(insert_sql(table))
+
+
+def write(conn: Connection, table: Table, messages: Sequence[OutboundMessage]) -> None:
+    """Insert ``messages`` into the outbox ``table`` inside the caller's transaction."""
+    if messages:
+        conn.execute(_insert(table), {"outbox": rows(messages)})
 
 
 def claim_unpublished(
@@ -55,18 +74,25 @@ def claim_unpublished(
     return [to_message(row) for row in conn.execute(stmt)]
 
 
+@cache
+def _mark(table: Table, recovered: bool) -> TextClause:
+    extra = ", recovered = true" if recovered else ""
+    return text(  # identifiers from the table's declaration; values are bound
+        f"UPDATE {recordset.qualified(table)} SET published_at = now(), "  # noqa: S608
+        f"publish_attempts = publish_attempts + 1{extra} "
+        "WHERE message_id = ANY(CAST(:ids AS uuid[]))"
+    )
+
+
 def mark_published(
     conn: Connection, table: Table, message_ids: Sequence[str], *, recovered: bool = False
 ) -> None:
-    """Record a publish; ``recovered`` marks rows that only recovery got out."""
+    """Record a publish; ``recovered`` marks rows that only recovery got out.
+
+    One array parameter, so one statement text whatever the number of ids.
+    """
     if message_ids:
-        values: dict[str, Any] = {
-            "published_at": func.now(),
-            "publish_attempts": table.c.publish_attempts + 1,
-        }
-        if recovered:
-            values["recovered"] = True
-        conn.execute(update(table).where(table.c.message_id.in_(message_ids)).values(**values))
+        conn.execute(_mark(table, recovered), {"ids": list(message_ids)})
 
 
 def count_failed_attempt(conn: Connection, table: Table, message_ids: Sequence[str]) -> None:

@@ -9,16 +9,25 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, func, insert, select, text, update
+from sqlalchemy import Connection, Row, TextClause, bindparam, func, insert, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from saga_tasks.decider import HistoryEntry
 from saga_tasks.errors import ConcurrencyConflict
+from saga_tasks.messages import OutboundMessage
 from saga_tasks.model import SagaState, StepState
-from saga_tasks.persistence.tables import inbox, saga_history, saga_instance, saga_step
+from saga_tasks.persistence import outbox, recordset
+from saga_tasks.persistence.tables import (
+    inbox,
+    saga_history,
+    saga_instance,
+    saga_outbox,
+    saga_step,
+)
 from saga_tasks.states import SagaStatus, StepStatus
 
 SYSTEM_ACTOR = "system"
@@ -30,44 +39,120 @@ def payload_hash(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+_SAGA_INSERT_COLUMNS = (
+    "saga_id",
+    "saga_type",
+    "definition_version",
+    "business_key",
+    "status",
+    "status_reason",
+    "version",
+    "payload",
+    "payload_hash",
+    "correlation_id",
+    "traceparent",
+    "deadline",
+    "next_wake_at",
+    "created_at",
+    "updated_at",
+    "finished_at",
+)
+STEP_COLUMNS = (
+    "saga_id",
+    "step",
+    "position",
+    "status",
+    "attempt",
+    "compensation_attempt",
+    "generation",
+    "command_id",
+    "compensation_id",
+    "requested_at",
+    "deadline",
+    "finished_at",
+    "result",
+    "last_error",
+    "given_up",
+)
+HISTORY_COLUMNS = (
+    "saga_id",
+    "at",
+    "event",
+    "step",
+    "status_before",
+    "status_after",
+    "step_status_before",
+    "step_status_after",
+    "message_id",
+    "causation_id",
+    "actor",
+    "reason",
+    "detail",
+)
+
+
+def _insert_started_sql() -> TextClause:
+    cols = ", ".join(_SAGA_INSERT_COLUMNS)
+    values = ", ".join(
+        f"CAST(:{c} AS jsonb)" if c == "payload" else f":{c}" for c in _SAGA_INSERT_COLUMNS
+    )
+    steps = recordset.insert_from(saga_step, STEP_COLUMNS, "steps", also_from="started")
+    history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history", also_from="started")
+    commands = outbox.insert_sql(saga_outbox, "outbox", also_from="started")
+    return text(
+        f"""WITH started AS (
+              INSERT INTO saga.saga_instance ({cols}) VALUES ({values})
+              ON CONFLICT (saga_type, business_key) DO NOTHING RETURNING 1 AS one),
+            steps AS ({steps} RETURNING 1),
+            history AS ({history} RETURNING 1),
+            commands AS ({commands} RETURNING 1)
+            SELECT count(*) FROM started"""  # noqa: S608 - identifiers are ours; values bound
+    )
+
+
+_INSERT_STARTED = _insert_started_sql()
+
+
 def insert_new(
-    conn: Connection, state: SagaState, digest: str, now: datetime, step_order: Sequence[str]
+    conn: Connection,
+    state: SagaState,
+    digest: str,
+    now: datetime,
+    step_order: Sequence[str],
+    *,
+    history: Sequence[Mapping[str, Any]],
+    messages: Sequence[OutboundMessage],
 ) -> bool:
-    """Insert a saga and its steps unless its (type, business key) exists; True when inserted.
+    """Insert a saga with its steps, first history lines and first commands, unless its
+    (type, business key) exists; True when inserted. One statement.
 
     A concurrent start with the same key blocks on the unique index until the first
     transaction ends, then conflicts: exactly one saga per key, whatever the timing.
     """
-    stmt = (
-        pg_insert(saga_instance)
-        .values(
-            saga_id=state.saga_id,
-            saga_type=state.saga_type,
-            definition_version=state.definition_version,
-            business_key=state.business_key,
-            status=state.status.value,
-            status_reason=state.reason,
-            version=state.version,
-            payload=dict(state.payload),
-            payload_hash=digest,
-            correlation_id=state.correlation_id or state.saga_id,
-            traceparent=state.traceparent,
-            deadline=state.deadline,
-            next_wake_at=state.next_wake_at(),
-            created_at=now,
-            updated_at=now,
-            finished_at=state.finished_at,
-        )
-        .on_conflict_do_nothing(index_elements=["saga_type", "business_key"])
-        .returning(saga_instance.c.saga_id)
-    )
-    if conn.execute(stmt).first() is None:
-        return False
-    conn.execute(
-        insert(saga_step),
-        [_step_row(state.saga_id, name, i, state.steps[name]) for i, name in enumerate(step_order)],
-    )
-    return True
+    params = {
+        "saga_id": state.saga_id,
+        "saga_type": state.saga_type,
+        "definition_version": state.definition_version,
+        "business_key": state.business_key,
+        "status": state.status.value,
+        "status_reason": state.reason,
+        "version": state.version,
+        "payload": recordset.encode(state.payload),
+        "payload_hash": digest,
+        "correlation_id": state.correlation_id or state.saga_id,
+        "traceparent": state.traceparent,
+        "deadline": state.deadline,
+        "next_wake_at": state.next_wake_at(),
+        "created_at": now,
+        "updated_at": now,
+        "finished_at": state.finished_at,
+        "steps": recordset.encode(
+            [_step_row(state.saga_id, n, i, state.steps[n]) for i, n in enumerate(step_order)]
+        ),
+        "history": recordset.encode(history),
+        "outbox": outbox.rows(messages),
+    }
+    return bool(conn.execute(_INSERT_STARTED, params).scalar_one())
 
 
 def find_by_key(conn: Connection, saga_type: str, business_key: str) -> Any:
@@ -110,6 +195,37 @@ def lock(conn: Connection, saga_id: str) -> SagaState | None:
     return _to_state(rows) if rows else None
 
 
+def _claim_and_lock_stmt() -> Any:
+    claimed = (
+        pg_insert(inbox)
+        .values(
+            consumer=bindparam("consumer"),
+            message_id=bindparam("message_id"),
+            saga_id=bindparam("saga_id"),
+        )
+        .on_conflict_do_nothing(index_elements=["consumer", "message_id"])
+        .returning(inbox.c.message_id)
+        .cte("claimed")
+    )
+    new = select(func.count()).select_from(claimed).scalar_subquery().label("new_message")
+    return (
+        select(new, saga_instance, *_STEP_COLUMNS)
+        .select_from(
+            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
+        )
+        .where(saga_instance.c.saga_id == bindparam("saga_id"))
+        .order_by(saga_step.c.position)
+        .with_for_update(of=saga_instance)
+    )
+
+
+_CLAIM_AND_LOCK = _claim_and_lock_stmt()  # built once: per-call construction costs more
+_INBOX_ROW_IS_MINE = text(
+    "SELECT xmin = pg_current_xact_id()::xid FROM saga.inbox "
+    "WHERE consumer = :c AND message_id = :m"
+)
+
+
 def claim_and_lock(
     conn: Connection, consumer: str, message_id: str, saga_id: str
 ) -> tuple[bool, SagaState | None]:
@@ -119,34 +235,12 @@ def claim_and_lock(
     ``state`` None for an unknown saga. A concurrent delivery of the same message
     blocks on the inbox key until the first transaction ends, then sees the conflict.
     """
-    claimed = (
-        pg_insert(inbox)
-        .values(consumer=consumer, message_id=message_id, saga_id=saga_id)
-        .on_conflict_do_nothing(index_elements=["consumer", "message_id"])
-        .returning(inbox.c.message_id)
-        .cte("claimed")
-    )
-    new = select(func.count()).select_from(claimed).scalar_subquery().label("new_message")
-    stmt = (
-        select(new, saga_instance, *_STEP_COLUMNS)
-        .select_from(
-            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
-        )
-        .where(saga_instance.c.saga_id == saga_id)
-        .order_by(saga_step.c.position)
-        .with_for_update(of=saga_instance)
-    )
-    rows = conn.execute(stmt).all()
+    params = {"consumer": consumer, "message_id": message_id, "saga_id": saga_id}
+    rows = conn.execute(_CLAIM_AND_LOCK, params).all()
     if rows:
         return bool(rows[0].new_message), _to_state(rows)
     # No such saga (rare): the inbox row is new if this transaction wrote it.
-    mine = conn.execute(
-        text(
-            "SELECT xmin = pg_current_xact_id()::xid FROM saga.inbox "
-            "WHERE consumer = :c AND message_id = :m"
-        ),
-        {"c": consumer, "m": message_id},
-    ).scalar_one()
+    mine = conn.execute(_INBOX_ROW_IS_MINE, {"c": consumer, "m": message_id}).scalar_one()
     return bool(mine), None
 
 
@@ -238,34 +332,99 @@ def _to_state(rows: Sequence[Row[Any]]) -> SagaState:
     )
 
 
-def save(
-    conn: Connection,
-    old: SagaState,
-    new: SagaState,
-    now: datetime,
-    step_order: Sequence[str],
-) -> None:
-    """Write ``new`` over ``old``; raise ``ConcurrencyConflict`` if someone else moved it first."""
-    result = conn.execute(
-        update(saga_instance)
-        .where(and_(saga_instance.c.saga_id == old.saga_id, saga_instance.c.version == old.version))
-        .values(
-            status=new.status.value,
-            status_reason=new.reason,
-            version=new.version,
-            deadline=new.deadline,
-            next_wake_at=new.next_wake_at(),
-            updated_at=now,
-            finished_at=new.finished_at,
-        )
+def _write_changes_sql() -> TextClause:
+    cas = """UPDATE saga.saga_instance AS s
+       SET status = v.status, status_reason = v.status_reason, version = v.version,
+           deadline = v.deadline, next_wake_at = v.next_wake_at, updated_at = :now,
+           finished_at = v.finished_at
+       FROM jsonb_to_recordset(CAST(:sagas AS jsonb)) AS v(
+           saga_id uuid, old_version bigint, status text, status_reason text,
+           version bigint, deadline timestamptz, next_wake_at timestamptz,
+           finished_at timestamptz)
+       WHERE s.saga_id = ANY(CAST(:saga_ids AS uuid[]))
+         AND s.saga_id = v.saga_id AND s.version = v.old_version
+       RETURNING 1"""
+    steps = recordset.insert_from(saga_step, STEP_COLUMNS, "steps")
+    updated = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS[3:])
+    history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history")
+    commands = outbox.insert_sql(saga_outbox, "outbox")
+    return text(
+        f"""WITH saved AS ({cas}),
+            steps AS ({steps} ON CONFLICT ON CONSTRAINT pk_saga_step DO UPDATE SET {updated}
+                      RETURNING 1),
+            history AS ({history} RETURNING 1),
+            commands AS ({commands} RETURNING 1)
+            SELECT count(*) FROM saved"""  # noqa: S608 - identifiers are ours; values bound
     )
-    if result.rowcount != 1:
-        raise ConcurrencyConflict(
-            f"saga {old.saga_id} is no longer at version {old.version}; its message will be retried"
+
+
+_WRITE_CHANGES = _write_changes_sql()
+
+
+@dataclass
+class Changes:
+    """What one transaction writes for one decision or a batch of them (the sweeper)."""
+
+    sagas: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[OutboundMessage] = field(default_factory=list)
+
+    def save(self, old: SagaState, new: SagaState, step_order: Sequence[str]) -> None:
+        """Write ``new`` over ``old``: a compare-and-set on ``old.version``."""
+        self.sagas.append(
+            {
+                "saga_id": old.saga_id,
+                "old_version": old.version,
+                "status": new.status.value,
+                "status_reason": new.reason,
+                "version": new.version,
+                "deadline": new.deadline,
+                "next_wake_at": new.next_wake_at(),
+                "finished_at": new.finished_at,
+            }
         )
-    rows = _changed_steps(old, new, step_order)
-    if rows:
-        conn.execute(_STEP_UPSERT, rows)
+        self.steps += _changed_steps(old, new, step_order)
+
+    def log(
+        self,
+        saga_id: str,
+        entries: Iterable[HistoryEntry],
+        now: datetime,
+        *,
+        causation_id: str | None = None,
+        actor: str = SYSTEM_ACTOR,
+    ) -> None:
+        self.history += history_rows(saga_id, entries, now, causation_id=causation_id, actor=actor)
+
+
+def write_changes(conn: Connection, changes: Changes, now: datetime) -> None:
+    """Every saga, step, history line and outbox row of ``changes`` in one statement.
+
+    Each saga is a compare-and-set on the version it was read at; if any moved
+    meanwhile, ``ConcurrencyConflict`` (the caller's transaction rolls back, and the
+    message is retried or the sweep batch swept again).
+    """
+    if not (changes.sagas or changes.history or changes.messages):
+        return
+    saved = conn.execute(
+        _WRITE_CHANGES,
+        {
+            "now": now,
+            # The ids again as an array: the primary key finds the rows, where a join
+            # with the recordset alone is planned as a scan of the whole table.
+            "saga_ids": [c["saga_id"] for c in changes.sagas],
+            "sagas": recordset.encode(changes.sagas),
+            "steps": recordset.encode(changes.steps),
+            "history": recordset.encode(changes.history),
+            "outbox": outbox.rows(changes.messages),
+        },
+    ).scalar_one()
+    if saved != len(changes.sagas):
+        raise ConcurrencyConflict(
+            f"{len(changes.sagas) - saved} of {len(changes.sagas)} sagas moved since they "
+            "were read; the transaction is rolled back and its work retried"
+        )
 
 
 def _changed_steps(
@@ -276,88 +435,6 @@ def _changed_steps(
         for i, name in enumerate(step_order)
         if old.steps.get(name) != new.steps[name]
     ]
-
-
-_SAVE_MANY = text(
-    """UPDATE saga.saga_instance AS s
-       SET status = v.status, status_reason = v.status_reason, version = v.version,
-           deadline = v.deadline, next_wake_at = v.next_wake_at, updated_at = :now,
-           finished_at = v.finished_at
-       FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(
-           saga_id uuid, old_version integer, status text, status_reason text,
-           version integer, deadline timestamptz, next_wake_at timestamptz,
-           finished_at timestamptz)
-       WHERE s.saga_id = v.saga_id AND s.version = v.old_version"""
-)
-
-
-def save_many(
-    conn: Connection,
-    changes: Sequence[tuple[SagaState, SagaState, Sequence[str]]],
-    now: datetime,
-) -> None:
-    """``save`` for many sagas in three statements, whatever their number (the sweeper).
-
-    Each ``(old, new, step_order)`` is a compare-and-set on ``old.version``; if any saga
-    moved meanwhile, ``ConcurrencyConflict`` rolls the whole batch back.
-    """
-    if not changes:
-        return
-
-    def at(value: datetime | None) -> str | None:
-        return value.isoformat() if value is not None else None
-
-    payload = [
-        {
-            "saga_id": old.saga_id,
-            "old_version": old.version,
-            "status": new.status.value,
-            "status_reason": new.reason,
-            "version": new.version,
-            "deadline": at(new.deadline),
-            "next_wake_at": at(new.next_wake_at()),
-            "finished_at": at(new.finished_at),
-        }
-        for old, new, _ in changes
-    ]
-    result = conn.execute(_SAVE_MANY, {"rows": json.dumps(payload), "now": now})
-    if result.rowcount != len(changes):
-        raise ConcurrencyConflict(
-            f"{len(changes) - result.rowcount} of {len(changes)} sagas moved while being swept; "
-            "the batch is rolled back and swept again"
-        )
-    steps = [row for old, new, order in changes for row in _changed_steps(old, new, order)]
-    if steps:
-        conn.execute(_STEP_UPSERT, steps)
-
-
-_STEP_UPDATED = (
-    "status",
-    "attempt",
-    "compensation_attempt",
-    "generation",
-    "command_id",
-    "compensation_id",
-    "requested_at",
-    "deadline",
-    "finished_at",
-    "result",
-    "last_error",
-    "given_up",
-)
-
-
-def _step_upsert() -> Any:
-    # RETURNING makes SQLAlchemy send the rows as one multi-VALUES statement
-    # ("insertmanyvalues"), compiled once and cached: an executemany would cost a round
-    # trip per step, and a statement built with .values(rows) is compiled every time.
-    stmt = pg_insert(saga_step)
-    return stmt.on_conflict_do_update(
-        constraint="pk_saga_step", set_={c: stmt.excluded[c] for c in _STEP_UPDATED}
-    ).returning(saga_step.c.step)
-
-
-_STEP_UPSERT = _step_upsert()
 
 
 def _step_row(saga_id: str, name: str, position: int, st: StepState) -> dict[str, Any]:
@@ -378,20 +455,6 @@ def _step_row(saga_id: str, name: str, position: int, st: StepState) -> dict[str
         "last_error": st.error,
         "given_up": st.given_up,
     }
-
-
-def append_history(
-    conn: Connection,
-    saga_id: str,
-    entries: Iterable[HistoryEntry],
-    now: datetime,
-    *,
-    causation_id: str | None = None,
-    actor: str = SYSTEM_ACTOR,
-) -> None:
-    rows = history_rows(saga_id, entries, now, causation_id=causation_id, actor=actor)
-    if rows:
-        conn.execute(insert(saga_history), rows)
 
 
 def history_rows(
@@ -421,11 +484,6 @@ def history_rows(
         }
         for e in entries
     ]
-
-
-def insert_history_rows(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-    if rows:
-        conn.execute(insert(saga_history), list(rows))
 
 
 def append_note(

@@ -55,6 +55,9 @@ def test_the_checker_sees_each_broken_invariant(order_app, settings):
     with order_app.engine.begin() as conn:
         conn.execute(text("UPDATE saga.saga_instance SET status = 'COMPENSATED'"))
         conn.execute(text("UPDATE inventory.stock SET reserved = reserved + 1 WHERE sku = 'sku-2'"))
+        conn.execute(
+            text("UPDATE payments.customer SET authorized_cents = 7 WHERE customer_id = 'c-2'")
+        )
         conn.execute(text("UPDATE saga.outbox SET published_at = NULL"))
         conn.execute(text("DELETE FROM saga.saga_history WHERE event = 'saga_started'"))
     violations = " | ".join(check_invariants(order_app.engine)[0])
@@ -62,6 +65,7 @@ def test_the_checker_sees_each_broken_invariant(order_app, settings):
     assert "payment is still authorized" in violations
     assert "order is confirmed" in violations
     assert "stock of sku-2: 1 reserved, reservations hold 0" in violations
+    assert "customer c-2: 7 cents authorized, open authorizations hold 0" in violations
     assert "never published from saga.outbox" in violations
     assert "does not start with saga_started" in violations
     assert "has no saga_compensated" in violations
