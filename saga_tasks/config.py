@@ -203,8 +203,6 @@ class Settings:
             raise ConfigurationError(
                 f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"
             )
-        if self.mark_interval >= self.relay_min_age:
-            raise ConfigurationError("SAGA_MARK_INTERVAL must be below SAGA_RELAY_MIN_AGE")
         for name in (
             "mark_interval",
             "relay_interval",
@@ -219,6 +217,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
+        if self.mark_interval >= self.relay_min_age:
+            raise ConfigurationError("SAGA_MARK_INTERVAL must be below SAGA_RELAY_MIN_AGE")
 
     def tokens(self) -> dict[str, str]:
         """``SAGA_API_TOKENS`` as token -> actor."""

@@ -38,6 +38,7 @@ def test_settings_read_from_env_with_types():
         ({"SAGA_LOG_FORMAT": "xml"}, "text' or 'json"),
         ({"SAGA_PUBLISH_MODE": "later"}, "async' or 'sync"),
         ({"SAGA_RELAY_MIN_AGE": "0"}, "must be positive"),
+        ({"SAGA_MARK_INTERVAL": "6"}, "must be below SAGA_RELAY_MIN_AGE"),
     ],
 )
 def test_bad_settings_are_named(env, message):
