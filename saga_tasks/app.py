@@ -54,6 +54,9 @@ class SagaApp:
         from saga_tasks import tracing
 
         tracing.configure(self.settings.trace_export)
+        from saga_tasks.persistence import prepared
+
+        prepared.enable(self.settings.db_prepare)
         self.registry = Registry(sagas)
         self.participants = {p.name: p for p in participants}
         if len(self.participants) != len(participants):

@@ -160,6 +160,12 @@ class Settings:
         2,
         "PostgreSQL connections per process (each prefork child is a process).",
     )
+    db_prepare: bool = _env(
+        "SAGA_DB_PREPARE",
+        True,
+        "1 prepares the hot statements once per connection (PostgreSQL plans them once); "
+        "0 behind a PgBouncer in transaction pooling mode.",
+    )
     prefetch_multiplier: int = _env(
         "SAGA_PREFETCH_MULTIPLIER",
         4,

@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Row, Table, TextClause, text
 
 from saga_tasks.messages import OutboundMessage
 from saga_tasks.persistence import outbox, recordset
+from saga_tasks.persistence.prepared import Prepared
 
 TOMBSTONE = "tombstone"
 """``kind`` of the row a compensation leaves for a forward command that never ran."""
@@ -50,17 +51,26 @@ _CLAIM_COLUMNS = ("command_id", "saga_id", "step", "kind", "task_name", "compens
 
 @dataclass(frozen=True)
 class _Statements:
-    claim: TextClause
-    claim_with_reply: TextClause
+    claim: Prepared
+    claim_with_reply: Prepared
     stored: TextClause
-    record_reply: TextClause
+    record_reply: Prepared
     tombstone: TextClause
     outcome: TextClause
+
+
+_CLAIM_TYPES = dict.fromkeys(("step", "kind", "task_name"), "text") | {
+    "command_id": "uuid",
+    "saga_id": "uuid",
+    "compensates": "uuid",
+}
+_REPLY_TYPES = {"outcome": "text", "reply": "jsonb", "reply_message_id": "uuid"}
 
 
 @cache
 def _statements(ledger: Table, outbox_table: Table) -> _Statements:
     name = recordset.qualified(ledger)
+    key = (ledger.schema or "public").replace(".", "_")
     cols = ", ".join(_CLAIM_COLUMNS)
     values = ", ".join(f":{c}" for c in _CLAIM_COLUMNS)
     reply_cols = f"{cols}, outcome, reply, reply_message_id"
@@ -69,26 +79,32 @@ def _statements(ledger: Table, outbox_table: Table) -> _Statements:
     sent = outbox.insert_sql(outbox_table, "outbox")
     # Identifiers come from the participant's table declarations; values are bound.
     return _Statements(
-        claim=text(
+        claim=Prepared(
+            f"saga_ledger_claim_{key}",
             f"INSERT INTO {name} ({cols}, outcome) VALUES ({values}, 'pending') "  # noqa: S608
-            "ON CONFLICT (command_id) DO NOTHING RETURNING command_id"
+            "ON CONFLICT (command_id) DO NOTHING RETURNING command_id",
+            _CLAIM_TYPES,
         ),
-        claim_with_reply=text(
+        claim_with_reply=Prepared(
+            f"saga_ledger_refuse_{key}",
             f"""WITH claimed AS (
                   INSERT INTO {name} ({reply_cols}) VALUES ({reply_values})
                   ON CONFLICT (command_id) DO NOTHING RETURNING 1 AS one),
                 replied AS ({replied} RETURNING 1)
-                SELECT count(*) FROM claimed"""  # noqa: S608
+                SELECT count(*) FROM claimed""",  # noqa: S608
+            _CLAIM_TYPES | _REPLY_TYPES | {"outbox": "jsonb"},
         ),
         stored=text(
             f"SELECT kind, reply, reply_message_id FROM {name} "  # noqa: S608
             "WHERE command_id = :command_id"
         ),
-        record_reply=text(
+        record_reply=Prepared(
+            f"saga_ledger_reply_{key}",
             f"""WITH sent AS ({sent} RETURNING 1)
                 UPDATE {name} SET outcome = :outcome, reply = CAST(:reply AS jsonb),
                        reply_message_id = :reply_message_id
-                WHERE command_id = :command_id"""  # noqa: S608
+                WHERE command_id = :command_id""",  # noqa: S608
+            _REPLY_TYPES | {"command_id": "uuid", "outbox": "jsonb"},
         ),
         tombstone=text(
             f"INSERT INTO {name} ({reply_cols}, created_at) "  # noqa: S608
@@ -109,7 +125,7 @@ class Ledger:
 
     def claim(self, conn: Connection, claim: Claim) -> bool:
         """Claim the command id (outcome pending); False if the ledger has it already."""
-        return conn.execute(self._sql.claim, claim.params()).first() is not None
+        return self._sql.claim.execute(conn, claim.params()).first() is not None
 
     def stored(self, conn: Connection, command_id: str) -> Row[Any]:
         """``(kind, reply, reply_message_id)`` of a claimed command id."""
@@ -125,8 +141,8 @@ class Ledger:
         message: OutboundMessage,
     ) -> None:
         """Store the reply of a claimed command and put it in the outbox: one statement."""
-        conn.execute(
-            self._sql.record_reply,
+        self._sql.record_reply.execute(
+            conn,
             {
                 "command_id": command_id,
                 "outcome": outcome,
@@ -154,7 +170,7 @@ class Ledger:
             "reply_message_id": message.message_id,
             "outbox": outbox.rows([message]),
         }
-        return bool(conn.execute(self._sql.claim_with_reply, params).scalar_one())
+        return bool(self._sql.claim_with_reply.execute(conn, params).scalar_one())
 
     def place_tombstone(
         self,

@@ -19,7 +19,7 @@ from uuid import UUID
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql
 
-_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
+DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
 def _default(value: Any) -> Any:
@@ -42,7 +42,7 @@ def qualified(table: Table) -> str:
 @cache
 def column_list(table: Table, names: tuple[str, ...]) -> str:
     """``name type, ...`` for a recordset's column definition list."""
-    return ", ".join(f"{n} {table.c[n].type.compile(dialect=_DIALECT)}" for n in names)
+    return ", ".join(f"{n} {table.c[n].type.compile(dialect=DIALECT)}" for n in names)
 
 
 def rows_from(table: Table, names: tuple[str, ...], param: str, alias: str = "r") -> str:

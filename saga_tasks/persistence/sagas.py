@@ -13,16 +13,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, TextClause, bindparam, func, insert, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import BigInteger, Column, Connection, Row, insert, select, text
 
 from saga_tasks.decider import HistoryEntry
 from saga_tasks.errors import ConcurrencyConflict
 from saga_tasks.messages import OutboundMessage
 from saga_tasks.model import SagaState, StepState
 from saga_tasks.persistence import outbox, recordset
+from saga_tasks.persistence.prepared import Prepared
 from saga_tasks.persistence.tables import (
-    inbox,
     saga_history,
     saga_instance,
     saga_outbox,
@@ -91,15 +90,17 @@ HISTORY_COLUMNS = (
 )
 
 
-def _insert_started_sql() -> TextClause:
+def _pg_type(column: Column[Any]) -> str:
+    return str(column.type.compile(dialect=recordset.DIALECT))
+
+
+def _insert_started_sql() -> Prepared:
     cols = ", ".join(_SAGA_INSERT_COLUMNS)
-    values = ", ".join(
-        f"CAST(:{c} AS jsonb)" if c == "payload" else f":{c}" for c in _SAGA_INSERT_COLUMNS
-    )
+    values = ", ".join(f":{c}" for c in _SAGA_INSERT_COLUMNS)
     steps = recordset.insert_from(saga_step, STEP_COLUMNS, "steps", also_from="started")
     history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history", also_from="started")
     commands = outbox.insert_sql(saga_outbox, "outbox", also_from="started")
-    return text(
+    sql = (
         f"""WITH started AS (
               INSERT INTO saga.saga_instance ({cols}) VALUES ({values})
               ON CONFLICT (saga_type, business_key) DO NOTHING RETURNING 1 AS one),
@@ -108,6 +109,9 @@ def _insert_started_sql() -> TextClause:
             commands AS ({commands} RETURNING 1)
             SELECT count(*) FROM started"""  # noqa: S608 - identifiers are ours; values bound
     )
+    types = {c: _pg_type(saga_instance.c[c]) for c in _SAGA_INSERT_COLUMNS}
+    types.update(steps="jsonb", history="jsonb", outbox="jsonb")
+    return Prepared("saga_insert_started", sql, types)
 
 
 _INSERT_STARTED = _insert_started_sql()
@@ -152,7 +156,7 @@ def insert_new(
         "history": recordset.encode(history),
         "outbox": outbox.rows(messages),
     }
-    return bool(conn.execute(_INSERT_STARTED, params).scalar_one())
+    return bool(_INSERT_STARTED.execute(conn, params).scalar_one())
 
 
 def find_by_key(conn: Connection, saga_type: str, business_key: str) -> Any:
@@ -195,31 +199,37 @@ def lock(conn: Connection, saga_id: str) -> SagaState | None:
     return _to_state(rows) if rows else None
 
 
-def _claim_and_lock_stmt() -> Any:
-    claimed = (
-        pg_insert(inbox)
-        .values(
-            consumer=bindparam("consumer"),
-            message_id=bindparam("message_id"),
-            saga_id=bindparam("saga_id"),
-        )
-        .on_conflict_do_nothing(index_elements=["consumer", "message_id"])
-        .returning(inbox.c.message_id)
-        .cte("claimed")
-    )
-    new = select(func.count()).select_from(claimed).scalar_subquery().label("new_message")
-    return (
-        select(new, saga_instance, *_STEP_COLUMNS)
-        .select_from(
-            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
-        )
-        .where(saga_instance.c.saga_id == bindparam("saga_id"))
-        .order_by(saga_step.c.position)
-        .with_for_update(of=saga_instance)
+def _saga_and_steps_select() -> tuple[str, list[Column[Any]]]:
+    """The select list of a saga row joined with its steps, and its typed result columns."""
+    names = [f"s.{c.name}" for c in saga_instance.columns]
+    columns: list[Column[Any]] = [Column(c.name, c.type) for c in saga_instance.columns]
+    for col in _STEP_COLUMNS:
+        source = col.element if hasattr(col, "element") else col
+        names.append(f"st.{source.name} AS {col.name}")
+        columns.append(Column(col.name, source.type))
+    return ", ".join(names), columns
+
+
+def _claim_and_lock_stmt() -> Prepared:
+    picked, columns = _saga_and_steps_select()
+    sql = f"""WITH claimed AS (
+            INSERT INTO saga.inbox (consumer, message_id, saga_id)
+            VALUES (:consumer, :message_id, :saga_id)
+            ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id)
+        SELECT (SELECT count(*) FROM claimed) AS new_message, {picked}
+        FROM saga.saga_instance s LEFT JOIN saga.saga_step st ON st.saga_id = s.saga_id
+        WHERE s.saga_id = :saga_id
+        ORDER BY st.position
+        FOR UPDATE OF s"""  # noqa: S608 - identifiers are ours; values bound
+    return Prepared(
+        "saga_claim_and_lock",
+        sql,
+        {"consumer": "text", "message_id": "text", "saga_id": "uuid"},
+        [Column("new_message", BigInteger), *columns],
     )
 
 
-_CLAIM_AND_LOCK = _claim_and_lock_stmt()  # built once: per-call construction costs more
+_CLAIM_AND_LOCK = _claim_and_lock_stmt()
 _INBOX_ROW_IS_MINE = text(
     "SELECT xmin = pg_current_xact_id()::xid FROM saga.inbox "
     "WHERE consumer = :c AND message_id = :m"
@@ -236,7 +246,7 @@ def claim_and_lock(
     blocks on the inbox key until the first transaction ends, then sees the conflict.
     """
     params = {"consumer": consumer, "message_id": message_id, "saga_id": saga_id}
-    rows = conn.execute(_CLAIM_AND_LOCK, params).all()
+    rows = _CLAIM_AND_LOCK.execute(conn, params).all()
     if rows:
         return bool(rows[0].new_message), _to_state(rows)
     # No such saga (rare): the inbox row is new if this transaction wrote it.
@@ -332,7 +342,7 @@ def _to_state(rows: Sequence[Row[Any]]) -> SagaState:
     )
 
 
-def _write_changes_sql() -> TextClause:
+def _write_changes_sql() -> Prepared:
     cas = """UPDATE saga.saga_instance AS s
        SET status = v.status, status_reason = v.status_reason, version = v.version,
            deadline = v.deadline, next_wake_at = v.next_wake_at, updated_at = :now,
@@ -348,13 +358,17 @@ def _write_changes_sql() -> TextClause:
     updated = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS[3:])
     history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history")
     commands = outbox.insert_sql(saga_outbox, "outbox")
-    return text(
+    sql = (
         f"""WITH saved AS ({cas}),
             steps AS ({steps} ON CONFLICT ON CONSTRAINT pk_saga_step DO UPDATE SET {updated}
                       RETURNING 1),
             history AS ({history} RETURNING 1),
             commands AS ({commands} RETURNING 1)
             SELECT count(*) FROM saved"""  # noqa: S608 - identifiers are ours; values bound
+    )
+    json_params = dict.fromkeys(("sagas", "steps", "history", "outbox"), "jsonb")
+    return Prepared(
+        "saga_write_changes", sql, {"now": "timestamptz", "saga_ids": "uuid[]", **json_params}
     )
 
 
@@ -407,8 +421,8 @@ def write_changes(conn: Connection, changes: Changes, now: datetime) -> None:
     """
     if not (changes.sagas or changes.history or changes.messages):
         return
-    saved = conn.execute(
-        _WRITE_CHANGES,
+    saved = _WRITE_CHANGES.execute(
+        conn,
         {
             "now": now,
             # The ids again as an array: the primary key finds the rows, where a join
