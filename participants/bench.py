@@ -1,6 +1,6 @@
 """The benchmark: the order saga against two Celery baselines, in one run, on one layout.
 
-    saga-tasks bench [--sagas 2000] [--unloaded 200] [--long 50000] [--sweep] [--json]
+    saga-tasks bench [--sagas 2000] [--unloaded 200] [--long [50000]] [--sweep] [--json]
 
 It makes its own vhost and database (unless ``--here``), and for each configuration
 starts the same worker layout (one worker process per queue, same pool, same
@@ -506,25 +506,43 @@ def sweep_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]
 
     engine = create_engine(database_url, poolclass=NullPool)
     rows = args.sweep_rows
-    say(args, f"sweep: filling {rows} sagas")
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                """INSERT INTO saga.saga_instance (saga_id, saga_type, definition_version, business_key,
-                   status, version, payload, payload_hash, correlation_id, created_at, updated_at,
-                   deadline, next_wake_at)
-                   SELECT gen_random_uuid(), 'order', 1, 'sw-' || g,
-                          CASE WHEN g % 10 = 0 THEN 'RUNNING' ELSE 'COMPLETED' END, 1,
-                          '{}'::jsonb, 'h', 'c', now(), now(), now() + interval '1 day',
-                          CASE WHEN g % 10 = 0 THEN now() + interval '1 day' END
-                   FROM generate_series(1, :n) g"""
-            ),
-            {"n": rows},
-        )
-    with engine.connect() as conn:
-        conn.execute(text("ANALYZE saga.saga_instance"))
-        conn.commit()
-    report: dict[str, Any] = {"rows": rows, "passes": {}}
+
+    def empty_pass_ms() -> float:
+        """The query the sweeper runs every interval, when nothing is due: p50 of 20."""
+        timings = []
+        for _ in range(20):
+            t = time.perf_counter()
+            with saga_app.engine.begin() as conn:
+                claim_due(conn, datetime.now(UTC), 500)
+            timings.append((time.perf_counter() - t) * 1000)
+        return round(statistics.median(timings), 3)
+
+    # One saga in ten active (its wake-up a day away), as in a busy deployment.
+    empty_by_size: dict[str, float] = {}
+    filled = 0
+    for size in sorted({min(100_000, rows), rows}):
+        say(args, f"sweep: filling to {size} sagas")
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    """INSERT INTO saga.saga_instance (saga_id, saga_type, definition_version,
+                       business_key, status, version, payload, payload_hash, correlation_id,
+                       created_at, updated_at, deadline, next_wake_at)
+                       SELECT gen_random_uuid(), 'order', 1, 'sw-' || g,
+                              CASE WHEN g % 10 = 0 THEN 'RUNNING' ELSE 'COMPLETED' END, 1,
+                              '{}'::jsonb, 'h', 'c', now(), now(), now() + interval '1 day',
+                              CASE WHEN g % 10 = 0 THEN now() + interval '1 day' END
+                       FROM generate_series(:first, :last) g"""
+                ),
+                {"first": filled + 1, "last": size},
+            )
+        filled = size
+        with engine.connect() as conn:
+            conn.execute(text("ANALYZE saga.saga_instance"))
+            conn.commit()
+        empty_by_size[str(size)] = empty_pass_ms()
+        say(args, f"sweep: an empty pass over {size} sagas: {empty_by_size[str(size)]} ms")
+    report: dict[str, Any] = {"rows": rows, "empty_pass_ms_by_rows": empty_by_size, "passes": {}}
     for due in (0, 1_000, 10_000):
         if due:
             with engine.begin() as conn:
@@ -575,24 +593,18 @@ def sweep_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]
         started = time.perf_counter()
         result = saga_app.orchestrator.sweep(batch=500, max_batches=1000)
         seconds = time.perf_counter() - started
-        # An empty pass alone, the query the sweeper runs every interval.
-        empty = []
-        for _ in range(20):
-            t = time.perf_counter()
-            with saga_app.engine.begin() as conn:
-                claim_due(conn, datetime.now(UTC), 500)
-            empty.append((time.perf_counter() - t) * 1000)
+        empty = empty_pass_ms()
         report["passes"][str(due)] = {
             "due": due,
             "handled": result.claimed,
             "changed": result.changed,
             "seconds": round(seconds, 3),
-            "then_empty_pass_ms_p50": round(statistics.median(empty), 2),
+            "then_empty_pass_ms_p50": empty,
             "plan": plan,
         }
         say(
             args,
-            f"sweep: {due} due handled in {seconds:.3f} s; an empty pass {statistics.median(empty):.2f} ms",
+            f"sweep: {due} due handled in {seconds:.3f} s; then an empty pass {empty} ms",
         )
     return report
 
@@ -609,7 +621,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sagas", type=int, default=2000, help="burst size (default 2000)")
     parser.add_argument("--unloaded", type=int, default=200, help="items timed one at a time")
     parser.add_argument(
-        "--long", type=int, default=0, help="sagas of the RSS growth run (e.g. 50000)"
+        "--long",
+        type=int,
+        nargs="?",
+        const=50_000,
+        default=0,
+        help="also run N more sagas (default 50000) and report worker RSS growth from 10k to N",
     )
     parser.add_argument(
         "--sweep", action="store_true", help="also benchmark the sweeper on 1M sagas"
@@ -752,6 +769,9 @@ def build_report(
 
 def print_report(report: dict[str, Any]) -> None:
     print()
+    if not report["configurations"]:
+        print_sweep(report)
+        return
     header = f"{'configuration':<15}{'items/s':>9}{'burst p50':>11}{'p95':>8}{'p99':>8}" \
              f"{'unloaded p50':>14}{'p95':>8}{'p99':>8}{'commits':>9}{'publishes':>11}"  # fmt: skip
     print(header)
@@ -779,7 +799,14 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"peak RSS {name}: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items()))
         if "long" in r["extra"]:
             print(f"RSS growth over the long run: {r['extra']['long']['growth_percent']}")
+    print_sweep(report)
+
+
+def print_sweep(report: dict[str, Any]) -> None:
     if report["sweep"]:
+        sizes = report["sweep"]["empty_pass_ms_by_rows"]
+        print("sweep, an empty pass by table size: "
+              + ", ".join(f"{rows} sagas {ms} ms" for rows, ms in sizes.items()))  # fmt: skip
         for due, p in report["sweep"]["passes"].items():
             scan = next((line.strip() for line in p["plan"] if "Scan" in line), "?")
             print(f"sweep, {due} due of {report['sweep']['rows']}: {p['seconds']} s; then an empty pass "
