@@ -609,6 +609,140 @@ def sweep_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]
     return report
 
 
+WEB_PAGES = (
+    ("overview", "/"),
+    ("overview, manual review", "/?status=MANUAL_REVIEW"),
+    ("saga page", "/ui/sagas/{saga_id}"),
+    ("held messages", "/ui/held"),
+    ("API list by status", "/sagas?status=RUNNING&limit=50"),
+    ("API stuck", "/sagas?stuck=true&limit=50"),
+    ("API one saga", "/sagas/{saga_id}"),
+    ("metrics", "/metrics"),
+)
+
+
+def fill_sagas(engine: Any, first: int, last: int) -> None:
+    """Sagas ``first..last`` spread over the last day, each with four steps and six history
+    lines; statuses as a deployment has them (mostly completed, a few still running,
+    compensated or waiting for a person)."""
+    status = """CASE WHEN g % 100 < 85 THEN 'COMPLETED' WHEN g % 100 < 95 THEN 'COMPENSATED'
+                     WHEN g % 100 < 97 THEN 'MANUAL_REVIEW' WHEN g % 100 < 99 THEN 'RUNNING'
+                     ELSE 'FAILED' END"""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""INSERT INTO saga.saga_instance (saga_id, saga_type, definition_version,
+                   business_key, status, status_reason, version, payload, payload_hash,
+                   correlation_id, created_at, updated_at, finished_at, deadline, next_wake_at)
+                   SELECT md5('w' || g)::uuid, 'order', 1, 'web-' || g, {status},
+                          CASE WHEN {status} = 'MANUAL_REVIEW' THEN 'conflicting replies' END,
+                          6, :payload, 'h', 'c', t, t + interval '2 seconds',
+                          CASE WHEN {status} NOT IN ('RUNNING', 'MANUAL_REVIEW')
+                               THEN t + interval '2 seconds' END,
+                          t + interval '10 minutes',
+                          CASE WHEN {status} = 'RUNNING' THEN now() + interval '1 hour' END
+                   FROM generate_series(:first, :last) g,
+                        LATERAL (SELECT now() - (g % 86400) * interval '1 second' AS t) at"""  # noqa: S608 - our own SQL
+            ),
+            {"first": first, "last": last, "payload": json.dumps(ORDER)},
+        )
+        conn.execute(
+            text(
+                """INSERT INTO saga.saga_step (saga_id, step, position, status, attempt,
+                     compensation_attempt, generation, command_id, requested_at, deadline,
+                     finished_at)
+                   SELECT md5('w' || g)::uuid, st.name, st.pos, 'SUCCEEDED', 1, 0, 1,
+                          md5('c' || g || st.name)::uuid,
+                          now() - (g % 86400) * interval '1 second' + st.pos * interval '300 ms',
+                          now() + interval '1 hour',
+                          now() - (g % 86400) * interval '1 second' + (st.pos + 1) * interval '300 ms'
+                   FROM generate_series(:first, :last) g,
+                        (VALUES ('create_order', 0), ('reserve_stock', 1),
+                                ('authorize_payment', 2), ('confirm_order', 3)) st(name, pos)"""
+            ),
+            {"first": first, "last": last},
+        )
+        conn.execute(
+            text(
+                """INSERT INTO saga.saga_history (saga_id, at, event, step, status_before,
+                     status_after, actor, reason, detail)
+                   SELECT md5('w' || g)::uuid, now() - (g % 86400) * interval '1 second'
+                          + h * interval '300 ms', 'step_succeeded', 'create_order', 'RUNNING',
+                          'RUNNING', 'system', NULL, '{}'::jsonb
+                   FROM generate_series(:first, :last) g, generate_series(1, 6) h"""
+            ),
+            {"first": first, "last": last},
+        )
+        conn.execute(text("ANALYZE saga.saga_instance"))
+        conn.execute(text("ANALYZE saga.saga_step"))
+        conn.execute(text("ANALYZE saga.saga_history"))
+
+
+def web_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]:
+    """The dashboard, the API and /metrics over a small table and a large one, in one run:
+    request time p50/p95 per page and the ratio large/small (cost growth with the table)."""
+    from urllib.request import urlopen
+
+    port = args.web_port
+    engine = create_engine(database_url, poolclass=NullPool)
+    sizes = (1_000, args.web_rows)
+    server = WorkerProcess(
+        "participants.app",
+        name="web",
+        role="web",
+        env={**os.environ, "SAGA_DATABASE_URL": database_url, "SAGA_BROKER_URL": broker_url},
+        log_dir=Path(args.log_dir),
+        extra_args=("--port", str(port)),
+    )
+    server.start(timeout=60)
+    report: dict[str, Any] = {"rows": list(sizes), "pages": {}}
+    try:
+        filled = 0
+        for size in sizes:
+            say(args, f"web: filling to {size} sagas")
+            fill_sagas(engine, filled + 1, size)
+            filled = size
+            saga_id = str(uuid.UUID(hashlib_md5(f"w{size // 2}")))
+            for label, path in WEB_PAGES:
+                url = f"http://127.0.0.1:{port}{path.format(saga_id=saga_id)}"
+                timings = []
+                for _ in range(args.web_requests):
+                    t = time.perf_counter()
+                    with urlopen(url, timeout=30) as response:
+                        response.read()
+                    timings.append((time.perf_counter() - t) * 1000)
+                report["pages"].setdefault(label, {})[str(size)] = percentiles(timings)
+            say(
+                args,
+                f"web: {size} sagas: overview p50 {report['pages']['overview'][str(size)]['p50']} ms",
+            )
+    finally:
+        server.stop()
+    for timings in report["pages"].values():
+        small, large = timings[str(sizes[0])]["p50"], timings[str(sizes[1])]["p50"]
+        timings["ratio"] = round(large / small, 2) if small else None
+    return report
+
+
+def reset_sagas(database_url: str) -> None:
+    """Empty the saga tables, so a phase measures the table size it made."""
+    engine = create_engine(database_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "TRUNCATE saga.saga_instance, saga.saga_step, saga.saga_history, saga.outbox, "
+                "saga.inbox"
+            )
+        )
+    engine.dispose()
+
+
+def hashlib_md5(value: str) -> str:
+    import hashlib
+
+    return hashlib.md5(value.encode(), usedforsecurity=False).hexdigest()
+
+
 def say(args: Any, line: str) -> None:
     if not args.json:
         print(line, flush=True)
@@ -632,6 +766,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sweep", action="store_true", help="also benchmark the sweeper on 1M sagas"
     )
     parser.add_argument("--sweep-rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--web", action="store_true", help="also time the dashboard and API at 1k and 100k sagas"
+    )
+    parser.add_argument("--web-rows", type=int, default=100_000)
+    parser.add_argument("--web-requests", type=int, default=20, help="requests per page")
+    parser.add_argument("--web-port", type=int, default=8799)
     parser.add_argument(
         "--only", default=",".join(CONFIGURATIONS), help="comma-separated configurations"
     )
@@ -715,7 +855,13 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
                 )
             else:
                 results[name] = bench.saga(mixed=name == "saga_mixed")
-        sweep = sweep_bench(args, database_url, broker_url) if args.sweep else None
+        sweep = web = None
+        if args.sweep:
+            reset_sagas(database_url)
+            sweep = sweep_bench(args, database_url, broker_url)
+        if args.web:
+            reset_sagas(database_url)
+            web = web_bench(args, database_url, broker_url)
     finally:
         saga_app.close()  # publishes of the sweep confirmed and marked before the drop
         bench.redis.delete(bench.done_key)
@@ -723,6 +869,7 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
 
         forget_beat_state(saga_app.settings)
     report = build_report(args, results, sweep)
+    report["web"] = web
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -771,6 +918,7 @@ def print_report(report: dict[str, Any]) -> None:
     print()
     if not report["configurations"]:
         print_sweep(report)
+        print_web(report)
         return
     header = f"{'configuration':<15}{'items/s':>9}{'burst p50':>11}{'p95':>8}{'p99':>8}" \
              f"{'unloaded p50':>14}{'p95':>8}{'p99':>8}{'commits':>9}{'publishes':>11}"  # fmt: skip
@@ -800,6 +948,18 @@ def print_report(report: dict[str, Any]) -> None:
         if "long" in r["extra"]:
             print(f"RSS growth over the long run: {r['extra']['long']['growth_percent']}")
     print_sweep(report)
+    print_web(report)
+
+
+def print_web(report: dict[str, Any]) -> None:
+    web = report.get("web")
+    if not web:
+        return
+    small, large = (str(n) for n in web["rows"])
+    print(f"\nweb, request time in ms (p50 / p95) with {small} and {large} sagas in the table:")
+    for label, t in web["pages"].items():
+        print(f"  {label:<26}{t[small]['p50']:>8.1f} /{t[small]['p95']:>7.1f}"
+              f"{t[large]['p50']:>10.1f} /{t[large]['p95']:>7.1f}   x{t['ratio']}")  # fmt: skip
 
 
 def print_sweep(report: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """Log lines that name their saga: JSON for pipelines, ``key=value`` text for people.
 
 Every saga_tasks log call passes its identifiers (saga_id, message_id, step, ...)
-as ``extra``; the formatters here put them on the line. Payloads never are.
+as ``extra``; the formatters here put them on the line. Payloads never are. The
+``trace_id`` is the saga's W3C trace id, so a log line finds its spans.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from saga_tasks.config import Settings
 CONTEXT_FIELDS = (
     "saga_id",
     "saga_type",
+    "trace_id",
     "step",
     "message_id",
     "correlation_id",

@@ -324,10 +324,12 @@ class Orchestrator:
                         now=now,
                     )
                 metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
-                log.info(
-                    "duplicate message ignored",
-                    extra={"saga_id": saga_id, "message_id": message_id, "step": reply.step},
-                )
+                fields: dict[str, Any] = {"saga_id": saga_id, "message_id": message_id}
+                if state is not None:
+                    fields = _log_fields(
+                        state, message_id, status_before=state.status, status_after=state.status
+                    )
+                log.info("duplicate message ignored", extra={**fields, "step": reply.step})
                 return Classification.DUPLICATE
             if state is None:
                 reason = f"reply for unknown saga {saga_id}"
@@ -635,6 +637,7 @@ def _log_fields(
     return {
         "saga_id": state.saga_id,
         "saga_type": state.saga_type,
+        "trace_id": tracing.trace_id(state.traceparent),
         "correlation_id": state.correlation_id,
         "causation_id": message_id,
         "message_id": message_id,

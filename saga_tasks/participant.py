@@ -35,7 +35,14 @@ from saga_tasks import faults, invalid, metrics, tracing
 from saga_tasks.clock import Clock
 from saga_tasks.delivery import Outlet
 from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
-from saga_tasks.messages import Command, OutboundMessage, parse_command, reply_message
+from saga_tasks.messages import (
+    H_CAUSATION_ID,
+    H_SAGA_TYPE,
+    Command,
+    OutboundMessage,
+    parse_command,
+    reply_message,
+)
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE, command_queue
 from saga_tasks.persistence import ledger as ledger_sql
@@ -249,11 +256,14 @@ class ParticipantRuntime:
             return "invalid"
         fields = {
             "saga_id": command.saga_id,
+            "saga_type": command.headers.get(H_SAGA_TYPE),
             "message_id": message_id,
+            "causation_id": command.headers.get(H_CAUSATION_ID),
             "step": command.step,
             "command_id": command.command_id,
             "participant": self.participant.name,
             "correlation_id": command.correlation_id,
+            "trace_id": tracing.trace_id(command.traceparent),
         }
         # First execution only: never on a redelivery, a retry or a re-send after a timeout
         # (a transient fault counts the retries; poison strikes every time).
@@ -299,7 +309,15 @@ class ParticipantRuntime:
         metrics.MESSAGES.labels(
             consumer=self.participant.name, classification="duplicate" if duplicate else "accepted"
         ).inc()
-        log.info("%s handled: %s", handler.task_name, outcome, extra=fields)
+        # The command's state in the ledger before and after this message.
+        after = str(reply.body.get("outcome"))
+        before = after if duplicate else "new"
+        log.info(
+            "%s handled: %s",
+            handler.task_name,
+            outcome,
+            extra={**fields, "status_before": before, "status_after": after},
+        )
         return outcome
 
     def _claim(self, handler: Handler, command: Command) -> ledger_sql.Claim:

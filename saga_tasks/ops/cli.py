@@ -302,9 +302,11 @@ def web(obj: _Context, host: str, port: int) -> None:
     """Serve the HTTP API, /metrics and the dashboard."""
     import uvicorn
 
+    from saga_tasks.observability import configure_logging
     from saga_tasks.web import create_web_app
 
     app = obj.app()
+    configure_logging(app.settings)  # SAGA_LOG_FORMAT and SAGA_LOG_LEVEL, as workers do
     with _errors():
         web_app = create_web_app(app)
     click.echo(f"saga_tasks web on http://{host}:{port} (API docs at /docs)")

@@ -48,29 +48,47 @@ def act(
     return saga_view(app, saga_id)
 
 
-def stuck(app: SagaApp, *, older_than: float | None = None, limit: int = 100) -> dict[str, Any]:
-    """Active sagas with no change for ``older_than`` seconds (``SAGA_STUCK_AFTER``)."""
+def stuck(
+    app: SagaApp,
+    *,
+    older_than: float | None = None,
+    limit: int = 100,
+    status: str | None = None,
+    saga_type: str | None = None,
+    business_key: str | None = None,
+) -> dict[str, Any]:
+    """Active sagas with no change for ``older_than`` seconds (``SAGA_STUCK_AFTER``),
+    longest idle first; optionally of one active status, type or business key."""
     seconds = app.settings.stuck_after if older_than is None else older_than
     cutoff = app.clock.now() - timedelta(seconds=seconds)
+    active = ("RUNNING", "COMPENSATING")
+    wanted = [s for s in active if status in (None, s)]
+    c = saga_instance.c
     stmt = (
         select(
-            saga_instance.c.saga_id,
-            saga_instance.c.saga_type,
-            saga_instance.c.business_key,
-            saga_instance.c.status,
-            saga_instance.c.version,
-            saga_instance.c.updated_at,
-            saga_instance.c.next_wake_at,
+            c.saga_id,
+            c.saga_type,
+            c.business_key,
+            c.status,
+            c.status_reason,
+            c.version,
+            c.created_at,
+            c.updated_at,
+            c.finished_at,
+            c.next_wake_at,
         )
-        .where(
-            saga_instance.c.status.in_(("RUNNING", "COMPENSATING")),
-            saga_instance.c.updated_at < cutoff,
-        )
-        .order_by(saga_instance.c.updated_at)
+        .where(c.status.in_(wanted), c.updated_at < cutoff)
+        .order_by(c.updated_at)
         .limit(limit)
     )
-    with translated(app.settings.database_url), app.engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(stmt)]
+    if saga_type is not None:
+        stmt = stmt.where(c.saga_type == saga_type)
+    if business_key is not None:
+        stmt = stmt.where(c.business_key == business_key)
+    rows = []
+    if wanted:
+        with translated(app.settings.database_url), app.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(stmt)]
     now = app.clock.now()
     items = [
         {
@@ -78,8 +96,11 @@ def stuck(app: SagaApp, *, older_than: float | None = None, limit: int = 100) ->
             "saga_type": r["saga_type"],
             "business_key": r["business_key"],
             "status": r["status"],
+            "status_reason": r["status_reason"],
             "version": r["version"],
+            "created_at": r["created_at"].isoformat(),
             "updated_at": r["updated_at"].isoformat(),
+            "finished_at": None,
             "idle_seconds": round((now - r["updated_at"]).total_seconds(), 1),
             "next_wake_at": r["next_wake_at"].isoformat() if r["next_wake_at"] else None,
         }

@@ -100,15 +100,13 @@ def _insert_started_sql() -> Prepared:
     steps = recordset.insert_from(saga_step, STEP_COLUMNS, "steps", also_from="started")
     history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history", also_from="started")
     commands = outbox.insert_sql(saga_outbox, "outbox", also_from="started")
-    sql = (
-        f"""WITH started AS (
+    sql = f"""WITH started AS (
               INSERT INTO saga.saga_instance ({cols}) VALUES ({values})
               ON CONFLICT (saga_type, business_key) DO NOTHING RETURNING 1 AS one),
             steps AS ({steps} RETURNING 1),
             history AS ({history} RETURNING 1),
             commands AS ({commands} RETURNING 1)
             SELECT count(*) FROM started"""  # noqa: S608 - identifiers are ours; values bound
-    )
     types = {c: _pg_type(saga_instance.c[c]) for c in _SAGA_INSERT_COLUMNS}
     types.update(steps="jsonb", history="jsonb", outbox="jsonb")
     return Prepared("saga_insert_started", sql, types)
@@ -358,14 +356,12 @@ def _write_changes_sql() -> Prepared:
     updated = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS[3:])
     history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history")
     commands = outbox.insert_sql(saga_outbox, "outbox")
-    sql = (
-        f"""WITH saved AS ({cas}),
+    sql = f"""WITH saved AS ({cas}),
             steps AS ({steps} ON CONFLICT ON CONSTRAINT pk_saga_step DO UPDATE SET {updated}
                       RETURNING 1),
             history AS ({history} RETURNING 1),
             commands AS ({commands} RETURNING 1)
             SELECT count(*) FROM saved"""  # noqa: S608 - identifiers are ours; values bound
-    )
     json_params = dict.fromkeys(("sagas", "steps", "history", "outbox"), "jsonb")
     return Prepared(
         "saga_write_changes", sql, {"now": "timestamptz", "saga_ids": "uuid[]", **json_params}

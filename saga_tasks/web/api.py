@@ -280,14 +280,27 @@ def build(app: SagaApp) -> FastAPI:
         stuck: bool = False,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     ) -> dict[str, Any]:
-        """Sagas, newest first; ``stuck=true``: active ones with no change for a while."""
+        """Sagas, newest first; ``stuck=true``: active ones with no change for
+        ``SAGA_STUCK_AFTER`` seconds, longest idle first, each with ``idle_seconds``.
+        The other filters apply to both."""
         from saga_tasks.ops.operator import stuck as find_stuck
         from saga_tasks.ops.views import list_view
 
-        if stuck:
-            return find_stuck(app, limit=limit)
         if saga_type is not None:
             app.registry.latest(saga_type)
+        if stuck:
+            found = find_stuck(
+                app,
+                limit=limit,
+                status=status.value if status else None,
+                saga_type=saga_type,
+                business_key=business_key,
+            )
+            return {
+                "sagas": found["stuck"],
+                "count": found["count"],
+                "older_than_seconds": found["older_than_seconds"],
+            }
         return list_view(
             app, status=status, saga_type=saga_type, business_key=business_key, limit=limit
         )

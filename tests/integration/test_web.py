@@ -10,6 +10,7 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
 
 from saga_tasks.observability import JsonFormatter
 from saga_tasks.web import create_web_app
@@ -59,6 +60,27 @@ def test_start_returns_202_with_a_status_url_and_is_idempotent(client, order_app
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 1
     shown = client.get(body["status_url"].replace("http://testserver", ""))
     assert shown.status_code == 200 and shown.json()["saga_id"] == body["saga_id"]
+
+
+def test_a_callers_traceparent_becomes_the_sagas_trace(client, order_app, settings):
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    r = client.post(
+        "/sagas/order",
+        json={"business_key": "tp-1", "payload": ORDER},
+        headers={"Idempotency-Key": "tp-1", "traceparent": caller},
+    )
+    saga = order_app.orchestrator.get(r.json()["saga_id"])
+    assert saga.traceparent.split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    (command,) = drain(settings.broker_url, "orders.commands")
+    assert command["headers"]["traceparent"].split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    junk = client.post(
+        "/sagas/order",
+        json={"business_key": "tp-2", "payload": ORDER},
+        headers={"Idempotency-Key": "tp-2", "traceparent": "not-a-trace"},
+    )
+    assert junk.status_code == 202  # a malformed header starts a new trace
+    fresh = order_app.orchestrator.get(junk.json()["saga_id"]).traceparent
+    assert fresh and fresh.split("-")[1] != "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 @pytest.mark.parametrize(
@@ -145,9 +167,31 @@ def test_list_filters(client, order_app, settings):
     assert client.get("/sagas?status=COMPLETED").json()["count"] == 0
     assert client.get("/sagas?stuck=true").json()["count"] == 0
     assert client.get("/sagas?type=refund").status_code == 404
+    pump(order_app, settings.broker_url)  # all three complete
+    completed = client.get("/sagas?status=COMPLETED").json()
+    assert sorted(s["saga_id"] for s in completed["sagas"]) == sorted(ids)
+    # Two stuck sagas (nothing moved them for an hour); the filters apply to stuck too.
+    stuck_ids = [start(client, key=f"s-{i}").json()["saga_id"] for i in range(2)]
+    with order_app.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE saga.saga_instance SET updated_at = now() - interval '1 hour' "
+                "WHERE saga_id = ANY(CAST(:ids AS uuid[]))"
+            ),
+            {"ids": stuck_ids},
+        )
+    stuck = client.get("/sagas?stuck=true").json()
+    assert sorted(s["saga_id"] for s in stuck["sagas"]) == sorted(stuck_ids)
+    assert stuck["count"] == 2 and all(s["idle_seconds"] >= 3600 for s in stuck["sagas"])
+    assert set(completed["sagas"][0]) <= set(stuck["sagas"][0])  # the same shape, and more
+    one = client.get("/sagas?stuck=true&business_key=s-1").json()["sagas"]
+    assert [s["saga_id"] for s in one] == [stuck_ids[1]]
+    assert client.get("/sagas?stuck=true&status=COMPLETED").json()["count"] == 0
+    assert client.get("/sagas?stuck=true&status=RUNNING&limit=1").json()["count"] == 1
 
 
 def test_metrics_match_the_database(client, order_app, settings):
+    before = _scrape(client)
     for i in range(3):
         start(client, key=f"m-{i}")
     start(client, key="m-declined", payload={**ORDER, "customer_id": "c-low"})
@@ -176,18 +220,141 @@ def test_metrics_match_the_database(client, order_app, settings):
     assert depth["saga.dead_letter"] == 0 and depth["orders.commands"] == 0
     assert all(s.value == 0 for s in families["saga_outbox_lag_seconds"].samples)
     # This process applied every reply (pump): its counters agree with the history.
-    accepted = sum(
-        s.value
-        for s in families["saga_messages"].samples
-        if s.name == "saga_messages_total"
-        and s.labels == {"consumer": "orchestrator", "classification": "accepted"}
-    )
+    accepted = _delta(
+        before, _scrape(client), "saga_messages_total", consumer="orchestrator",
+        classification="accepted",
+    )  # fmt: skip
     replies = scalar(
         order_app.engine,
         "SELECT count(DISTINCT causation_id) FROM saga.saga_history WHERE causation_id IS NOT NULL",
     )
-    assert accepted >= replies > 0
+    # 4 steps each; the declined one: create, reserve, authorize refused, release, cancel
+    assert accepted == replies == 3 * 4 + 5
     assert families["saga_state_up"].samples[0].value == 1
+
+
+def _scrape(client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def _delta(before, after, name, **labels):
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_every_classification_timeout_and_backlog_shows_in_metrics(clocked_app, clock, settings):
+    """Counters move by exactly what happened (this process handles every message);
+    the backlog gauges read what the database and the broker hold."""
+    from kombu import Connection
+
+    from saga_tasks.holding import DEAD_LETTER, intake
+    from saga_tasks.messages import H_KIND, H_SAGA_ID, H_STEP
+
+    app, url = clocked_app, settings.broker_url
+    with TestClient(create_web_app(app)) as client:
+        before = _scrape(client)
+        # A reply applied, then delivered again: accepted once, duplicate once.
+        dup = app.start_saga("order", "mx-dup", ORDER)
+        run_command(app, drain(url, "orders.commands")[0])
+        (reply,) = drain(url, "saga.replies")
+        run_reply(app, reply)
+        run_reply(app, reply)
+        # The reserve succeeds, then a failure for the same command: conflicting.
+        (reserve,) = drain(url, "inventory.commands")
+        run_command(app, reserve)
+        (ok,) = drain(url, "saga.replies")
+        run_reply(app, ok)
+        contradiction = {
+            "headers": {**ok["headers"], "id": str(uuid.uuid4())},
+            "kwargs": {
+                **ok["kwargs"],
+                "outcome": "failure",
+                "result": None,
+                "error": {"code": "declined", "message": "no"},
+            },
+        }
+        run_reply(app, contradiction)
+        # A reply for no saga: invalid.
+        bogus = {**ok["headers"], "id": str(uuid.uuid4()), H_SAGA_ID: str(uuid.uuid4())}
+        app.orchestrator.handle_reply(bogus["id"], bogus, ok["kwargs"])
+        # A command never answered: two re-sends, given up; its answer then comes late.
+        late = app.start_saga("order", "mx-late", ORDER)
+        (lost,) = drain(url, "orders.commands")
+        for _ in range(3):
+            clock.advance(31)
+            app.orchestrator.sweep()
+        run_command(app, lost)
+        late_replies = [m for m in drain(url, "saga.replies") if m["headers"]["id"]]
+        for message in late_replies:
+            run_reply(app, message)
+        drain(url, "orders.commands")  # the compensation, left unanswered
+        # Backlog: an outbox row left unpublished, a dead letter, then taken in.
+        with app.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE saga.outbox SET published_at = NULL, created_at = now() - "
+                    "interval '90 seconds' WHERE message_id = (SELECT message_id FROM "
+                    "saga.outbox ORDER BY created_at LIMIT 1)"
+                )
+            )
+        with Connection(url) as conn:
+            conn.Producer().publish(
+                {"x": 1},
+                exchange="saga.dlx",
+                routing_key="orders.commands",
+                headers={H_SAGA_ID: late.saga_id, H_STEP: "create_order", H_KIND: "command"},
+                declare=[],
+            )
+        mid = _scrape(client)
+        assert mid[("saga_queue_depth", (("queue", "saga.dead_letter"),))] == 1
+        assert mid[("saga_outbox_lag_seconds", (("outbox", "saga.outbox"),))] >= 90
+        intake(app, DEAD_LETTER)
+        after = _scrape(client)
+
+    def history(event):
+        return scalar(
+            app.engine, "SELECT count(*) FROM saga.saga_history WHERE event = :e", e=event
+        )
+
+    orchestrator = {"consumer": "orchestrator"}
+    assert (
+        _delta(before, after, "saga_messages_total", **orchestrator, classification="duplicate")
+        == 1
+    )
+    assert history("duplicate_message") == 1
+    assert (
+        _delta(before, after, "saga_messages_total", **orchestrator, classification="conflicting")
+        == 1
+    )
+    assert history("conflicting_reply") == 1
+    assert (
+        _delta(before, after, "saga_messages_total", **orchestrator, classification="invalid") == 1
+    )
+    assert _delta(before, after, "saga_invalid_messages_total", **orchestrator) == 1
+    assert (
+        _delta(before, after, "saga_messages_total", **orchestrator, classification="late")
+        == len(late_replies)
+        == 1
+    )
+    assert history("late_reply") == 1
+    order = {"saga_type": "order", "step": "create_order"}
+    assert (
+        _delta(before, after, "saga_timeouts_total", **order, action="resent")
+        == 2
+        == history("step_resent")
+    )
+    assert _delta(before, after, "saga_timeouts_total", **order, action="given_up") == 1
+    assert _delta(before, after, "saga_started_total", saga_type="order") == 2
+    assert (
+        _delta(before, after, "saga_finished_total", saga_type="order", status="MANUAL_REVIEW") == 1
+    )
+    assert app.orchestrator.get(dup.saga_id).status.value == "MANUAL_REVIEW"
+    assert after[("saga_held_pending", (("holding", "dead_letter"),))] == 1
+    assert after[("saga_queue_depth", (("queue", "saga.dead_letter"),))] == 0
 
 
 def test_logs_are_json_lines_naming_the_saga_without_its_payload(order_app, settings):
@@ -206,7 +373,9 @@ def test_logs_are_json_lines_naming_the_saga_without_its_payload(order_app, sett
     try:
         handle = order_app.start_saga("order", "log-1", {**ORDER, "customer_id": "c-secret-7"})
         run_command(order_app, drain(settings.broker_url, "orders.commands")[0])
-        run_reply(order_app, drain(settings.broker_url, "saga.replies")[0])
+        (reply,) = drain(settings.broker_url, "saga.replies")
+        run_reply(order_app, reply)
+        run_command(order_app, drain(settings.broker_url, "inventory.commands")[0])
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
@@ -216,6 +385,16 @@ def test_logs_are_json_lines_naming_the_saga_without_its_payload(order_app, sett
                 "status_before", "status_after", "step_status_before", "step_status_after"):  # fmt: skip
         assert key in transition, key
     assert transition["saga_id"] == handle.saga_id
+    saga = order_app.orchestrator.get(handle.saga_id)
+    assert transition["trace_id"] == saga.traceparent.split("-")[1]
+    handled = next(e for e in lines if e["msg"] == "inventory.reserve handled: success")
+    for key in ("saga_id", "saga_type", "correlation_id", "causation_id", "message_id", "step",
+                "command_id", "trace_id"):  # fmt: skip
+        assert key in handled, key
+    assert (handled["status_before"], handled["status_after"]) == ("new", "success")
+    assert handled["saga_type"] == "order"
+    assert handled["causation_id"] == reply["headers"]["id"]  # the reply that caused it
+    assert handled["trace_id"] == transition["trace_id"]
     assert all("c-secret-7" not in line for line in stream)
 
 

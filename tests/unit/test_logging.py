@@ -1,0 +1,64 @@
+"""Log lines in both formats carry the saga's identifiers; the setting picks the format."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from saga_tasks.config import Settings
+from saga_tasks.observability import JsonFormatter, TextFormatter, configure_logging
+
+FIELDS = {
+    "saga_id": "5a9d3c1e-0000-4000-8000-000000000001",
+    "saga_type": "order",
+    "trace_id": "0af7651916cd43dd8448eb211c80319c",
+    "message_id": "m-1",
+    "step": "reserve_stock",
+    "status_before": "RUNNING",
+    "status_after": "COMPENSATING",
+}
+
+
+def _record(**extra: object) -> logging.LogRecord:
+    record = logging.LogRecord(
+        "saga_tasks.test", logging.INFO, __file__, 1, "step_failed", (), None
+    )
+    record.__dict__.update(extra)
+    return record
+
+
+def test_text_lines_read_as_key_value_pairs_after_the_message():
+    line = TextFormatter().format(_record(**FIELDS, payload={"customer": "x"}))
+    assert " INFO saga_tasks.test step_failed " in line
+    for key, value in FIELDS.items():
+        assert f"{key}={value}" in line
+    assert "payload" not in line and "customer" not in line  # only named identifiers
+
+
+def test_json_lines_are_one_object_with_the_fields():
+    entry = json.loads(JsonFormatter().format(_record(**FIELDS)))
+    assert entry["msg"] == "step_failed" and entry["level"] == "INFO"
+    assert {k: entry[k] for k in FIELDS} == FIELDS
+
+
+@pytest.mark.parametrize(("fmt", "parse"), [("json", json.loads), ("text", str)])
+def test_the_setting_picks_the_format(monkeypatch, fmt, parse):
+    logger = logging.getLogger("saga_tasks")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    monkeypatch.setattr("saga_tasks.observability._configured", set())
+    logger.handlers = []
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    try:
+        configure_logging(Settings.from_env({"SAGA_LOG_FORMAT": fmt, "SAGA_LOG_LEVEL": "WARNING"}))
+        configure_logging(Settings.from_env({"SAGA_LOG_FORMAT": fmt}))  # idempotent: one handler
+        assert len(logger.handlers) == 1
+        logging.getLogger("saga_tasks.x").warning("stuck", extra={"saga_id": "s-1"})
+        line = stream.getvalue().strip()
+        parsed = parse(line)
+        assert (parsed["saga_id"] == "s-1") if fmt == "json" else ("saga_id=s-1" in parsed)
+    finally:
+        logger.handlers, logger.level, logger.propagate = saved
