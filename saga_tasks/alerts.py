@@ -2,8 +2,10 @@
 
 Conditions: ``stuck`` (active, no change for ``SAGA_STUCK_AFTER`` seconds) and
 ``manual_review``. A beat task scans for them; a row per (saga, condition) in
-``saga.alert_sent`` makes each alert go out once, even when scans overlap. If every
-alerter fails, the row is removed so the next scan tries again. Alerts carry ids,
+``saga.alert_sent`` makes each alert go out once, even when scans overlap. If an
+alerter fails, its row is removed so the next scan tries again. When a condition ends
+(the stuck saga moved, the saga left review), its rows are removed too, so the next
+time that saga gets stuck or needs a person, it is an alert again. Alerts carry ids,
 statuses and reasons, never payloads.
 """
 
@@ -15,10 +17,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
-from sqlalchemy import case, delete, func, literal, select
+from sqlalchemy import Connection, case, delete, func, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from saga_tasks.persistence.db import translated
@@ -137,7 +139,8 @@ def scan(app: SagaApp, alerters: Sequence[Alerter] | None = None, *, limit: int 
         .limit(limit)
     )
     sent = 0
-    with translated(app.settings.database_url), app.engine.connect() as conn:
+    with translated(app.settings.database_url), app.engine.begin() as conn:
+        _forget_ended(conn, cutoff)
         candidates = conn.execute(due).all()
     for row in candidates:
         condition = MANUAL_REVIEW if row.status == "MANUAL_REVIEW" else STUCK
@@ -152,6 +155,24 @@ def scan(app: SagaApp, alerters: Sequence[Alerter] | None = None, *, limit: int 
         for alerter in alerters:
             sent += _send_once(app, alert, alerter)
     return sent
+
+
+def _forget_ended(conn: Connection, cutoff: datetime) -> None:
+    """Drop the claims of conditions that no longer hold (and of sagas gone)."""
+    s = saga_instance.c
+    still = (
+        select(literal(1))
+        .where(s.saga_id == alert_sent.c.saga_id)
+        .where(
+            (alert_sent.c.condition.like(f"{MANUAL_REVIEW}@%") & (s.status == "MANUAL_REVIEW"))
+            | (
+                alert_sent.c.condition.like(f"{STUCK}@%")
+                & s.status.in_(("RUNNING", "COMPENSATING"))
+                & (s.updated_at < cutoff)
+            )
+        )
+    )
+    conn.execute(delete(alert_sent).where(~still.exists()))
 
 
 def _send_once(app: SagaApp, alert: Alert, alerter: Alerter) -> int:

@@ -44,7 +44,14 @@ def test_worker_metrics_match_the_database(order_app, workers):
     handles.append(order_app.start_saga("order", "mx-declined", {**ORDER, "customer_id": "c-low"}))
     for h in handles:
         wait_for_status(order_app, h.saga_id, [SagaStatus.COMPLETED, SagaStatus.COMPENSATED])
-    metrics = wait_for(lambda: scrape(port), describe="the worker's metrics endpoint")
+
+    def scraped() -> dict[tuple[str, tuple], float] | None:
+        try:
+            return scrape(port)
+        except OSError:  # not listening yet
+            return None
+
+    metrics = wait_for(scraped, describe="the worker's metrics endpoint")
     engine = order_app.engine
     accepted = metrics[
         ("saga_messages_total", (("classification", "accepted"), ("consumer", "orchestrator")))
@@ -180,6 +187,20 @@ def test_alerts_go_out_once_per_saga_and_channel(order_app, settings, webhook):
     assert by_saga[review.saga_id]["condition"] == "manual_review"
     assert "conflicting replies" in by_saga[review.saga_id]["reason"]
     assert all("payload" not in a and "c-1" not in json.dumps(a) for a in hook.received)
+    # The stuck saga moves: that episode is over. Stuck again later, it is an alert again.
+    idle = "UPDATE saga.saga_instance SET updated_at = now() - make_interval(secs => :i) WHERE saga_id = :s"
+    with order_app.engine.begin() as conn:
+        conn.execute(text(idle), {"s": stuck.saga_id, "i": 0})
+    assert scan(app) == 0
+    assert scalar(order_app.engine, "SELECT count(*) FROM saga.alert_sent WHERE saga_id = :s",
+                  s=stuck.saga_id) == 0  # fmt: skip
+    with order_app.engine.begin() as conn:
+        conn.execute(text(idle), {"s": stuck.saga_id, "i": 600})
+    assert scan(app) == 2
+    assert [a["condition"] for a in hook.received if a["saga_id"] == stuck.saga_id] == [
+        "stuck",
+        "stuck",
+    ]
     app.close()
 
 
@@ -213,6 +234,27 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
     run_reply(order_app, {**conflicting, "headers": {**conflicting["headers"], "id": "ui-c"},
                           "kwargs": {"outcome": "failure", "error": {"code": "x", "message": ""}}})  # fmt: skip
     assert order_app.orchestrator.get(review.saga_id).status is SagaStatus.MANUAL_REVIEW
+    done_version = order_app.orchestrator.get(done.saga_id).version
+    # A dead letter of the running saga, taken in: the held page joins it with its saga.
+    from kombu import Connection
+
+    from saga_tasks.holding import DEAD_LETTER, intake
+    from saga_tasks.messages import H_KIND, H_SAGA_ID, H_STEP
+
+    with Connection(settings.broker_url) as conn:
+        conn.Producer().publish(
+            {"x": 1},
+            exchange="saga.dlx",
+            routing_key="inventory.commands",
+            headers={
+                H_SAGA_ID: done.saga_id,
+                H_STEP: "reserve_stock",
+                H_KIND: "command",
+                "task": "inventory.reserve",
+            },
+            declare=[],
+        )
+    assert intake(order_app, DEAD_LETTER).taken == 1
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path="/usr/bin/chromium",
@@ -250,7 +292,20 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
         page.fill("#reason", "should not work")
         page.click('button[data-action="compensate"]')
         expect(page.locator("#result")).to_contain_text("Unauthorized")
+        # The held page: the dead letter next to its saga; discarded with the right token.
+        page.goto(served + "/ui/held")
+        row = page.locator("#held tbody tr", has_text="inventory.reserve")
+        expect(row).to_contain_text(done.saga_id[:8])
+        expect(row.locator(".pill")).to_have_text("RUNNING")
+        page.fill("#token", ANA_TOKEN)
+        page.dispatch_event("#token", "change")
+        page.fill("#reason", "a test message, not a real command")
+        row.locator('button[data-verb="discard"]').click()
+        expect(page.locator("#held")).to_contain_text("Nothing held.", timeout=10_000)
+        page.screenshot(path=str(tmp_path / "held.png"), full_page=True)
         browser.close()
+    held = rows(order_app.engine, "SELECT status, resolved_by FROM saga.held_message")
+    assert held == [{"status": "discarded", "resolved_by": "ana"}]
     state = order_app.orchestrator.get(review.saga_id)
     assert state.status is SagaStatus.FAILED
     assert [
@@ -259,4 +314,13 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
             order_app.engine, "SELECT actor FROM saga.saga_history WHERE event = 'operator_resolve'"
         )
     ] == ["ana"]
-    assert order_app.orchestrator.get(done.saga_id).status is not SagaStatus.COMPENSATING
+    # The wrong token changed nothing: not the status, not the version, not the history;
+    # the discard is in the history, by the token's actor.
+    after = order_app.orchestrator.get(done.saga_id)
+    assert (after.status, after.version) == (SagaStatus.RUNNING, done_version)
+    by_operators = rows(
+        order_app.engine,
+        "SELECT event, actor FROM saga.saga_history WHERE saga_id = :s AND actor <> 'system'",
+        s=done.saga_id,
+    )
+    assert [(h["event"], h["actor"]) for h in by_operators] == [("operator_discard", "ana")]
