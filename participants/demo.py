@@ -18,6 +18,8 @@ import contextlib
 import json
 import os
 import random
+import secrets
+import shutil
 import signal
 import sys
 import time
@@ -36,6 +38,7 @@ from saga_tasks.states import TERMINAL_SAGA, SagaStatus
 
 STATE_DIR = Path(".demo")
 WEB_PORT = 8000
+ORCHESTRATOR_METRICS_PORT = 9101
 PIDS = STATE_DIR / "pids.json"
 
 
@@ -97,6 +100,14 @@ def demo_processes(
         "inventory-b": (["inventory.commands"], "solo", 1),
         "payments": (["payments.commands"], "prefork", 2),
     }
+    # The orchestrator serves its counters (prefork: the children's, added up).
+    prometheus_dir = STATE_DIR / "prometheus"
+    shutil.rmtree(prometheus_dir, ignore_errors=True)
+    prometheus_dir.mkdir(parents=True)
+    metrics_env = {
+        "SAGA_METRICS_PORT": str(ORCHESTRATOR_METRICS_PORT),
+        "PROMETHEUS_MULTIPROC_DIR": str(prometheus_dir),
+    }
     processes = [
         WorkerProcess(
             app,
@@ -104,7 +115,7 @@ def demo_processes(
             name=name,
             pool=pool,
             concurrency=concurrency,
-            env=env,
+            env={**env, **metrics_env} if name == "orchestrator" else env,
             log_dir=log_dir,
             extra_args=("-E",),
         )
@@ -191,6 +202,12 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("SAGA_TASKS_DEMO_FAULTS", "1")
     os.environ.setdefault("SAGA_RELAY_MIN_AGE", "2")
     os.environ.setdefault("SAGA_RELAY_INTERVAL", "1")
+    os.environ.setdefault("SAGA_SAMPLE_INTERVAL", "5")  # the dashboard's history fills quickly
+    token = None
+    if not os.environ.get("SAGA_API_TOKENS"):
+        # A token for this run only, so the dashboard's operator buttons work.
+        token = secrets.token_urlsafe(18)
+        os.environ["SAGA_API_TOKENS"] = f"demo:{token}"
     settings = Settings.from_env()
     from participants.app import saga_app
     from participants.seed import seed
@@ -221,6 +238,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nFlower:    {flower}  (workers and tasks; broker tab via the management API)")
         dashboard = f"http://{args.flower_address}:{WEB_PORT}"
         print(f"Dashboard: {dashboard}  (sagas, timelines, dead letters)")
+        if token:
+            print(f"           operator token for this run (paste it top right): {token}")
+        print(
+            f"Metrics:   {dashboard}/metrics (state) and "
+            f"http://127.0.0.1:{ORCHESTRATOR_METRICS_PORT}/metrics (the orchestrator's counters)"
+        )
         print("CLI:       saga-tasks list  |  saga-tasks show <saga_id>  |  saga-tasks dlq list")
         keep = args.keep or (sys.stdin.isatty() and not args.exit)
         if keep:

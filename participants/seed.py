@@ -24,7 +24,8 @@ def seed(
     stock_levels: Mapping[str, int] = DEFAULT_STOCK,
     customers: Mapping[str, int] = DEFAULT_CUSTOMERS,
 ) -> None:
-    """Set stock on hand (nothing reserved) and credit limits to the given values."""
+    """Set stock on hand (nothing reserved) and credit limits (nothing authorized) to the
+    given values."""
     with engine.begin() as conn:
         if stock_levels:
             stmt = insert(stock).values(
@@ -42,6 +43,9 @@ def seed(
             conn.execute(
                 stmt2.on_conflict_do_update(
                     index_elements=["customer_id"],
-                    set_={"credit_limit_cents": stmt2.excluded.credit_limit_cents},
+                    set_={
+                        "credit_limit_cents": stmt2.excluded.credit_limit_cents,
+                        "authorized_cents": 0,
+                    },
                 )
             )

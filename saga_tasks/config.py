@@ -112,6 +112,17 @@ class Settings:
         30.0,
         "Seconds between scans for stuck sagas and sagas in manual review to alert on.",
     )
+    sample_interval: float = _env(
+        "SAGA_SAMPLE_INTERVAL",
+        60.0,
+        "Seconds between samples of how many sagas are in each status (the dashboard's "
+        "counts over time); each sample counts the saga table once.",
+    )
+    sample_keep: float = _env(
+        "SAGA_SAMPLE_KEEP",
+        604800.0,
+        "Seconds samples of counts are kept (default a week).",
+    )
     alert_webhook: str = _env(
         "SAGA_ALERT_WEBHOOK",
         "",
@@ -220,6 +231,8 @@ class Settings:
             "stuck_after",
             "replay_max_age",
             "alert_interval",
+            "sample_interval",
+            "sample_keep",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")

@@ -265,3 +265,16 @@ api_idempotency = Table(
     schema=SAGA_SCHEMA,
 )
 """``Idempotency-Key`` of HTTP starts: a repeat gets the first answer; a different body, 409."""
+
+status_sample = Table(
+    "status_sample",
+    metadata,
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("saga_type", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("count", BigInteger, nullable=False),
+    PrimaryKeyConstraint("at", "saga_type", "status", name="pk_status_sample"),
+    schema=SAGA_SCHEMA,
+)
+"""How many sagas were in each status, every ``SAGA_SAMPLE_INTERVAL`` seconds: the
+dashboard's counts over time, read without touching the saga table."""

@@ -28,6 +28,7 @@ RELAY_TASK = "saga_tasks.relay_outbox"
 SWEEP_TASK = "saga_tasks.sweep_timeouts"
 INTAKE_TASK = "saga_tasks.intake_held"
 ALERT_TASK = "saga_tasks.alert_scan"
+SAMPLE_TASK = "saga_tasks.sample_status"
 log = logging.getLogger("saga_tasks.tasks")
 
 WORKER_LOST_RETRIES = 3
@@ -86,6 +87,14 @@ def build_celery(saga_app: SagaApp) -> Celery:
                 "schedule": settings.alert_interval,
                 "options": {
                     "expires": max(settings.alert_interval * 2, 1.0),
+                    "queue": MAINTENANCE_QUEUE,
+                },
+            },
+            "saga-status-sample": {
+                "task": SAMPLE_TASK,
+                "schedule": settings.sample_interval,
+                "options": {
+                    "expires": max(settings.sample_interval, 1.0),
                     "queue": MAINTENANCE_QUEUE,
                 },
             },
@@ -196,6 +205,11 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
 
         return scan(saga_app)
 
+    @celery.task(name=SAMPLE_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
+    def sample_status(self: Any) -> int:
+        """Count the sagas in each status once (the dashboard's counts over time)."""
+        return take_sample(saga_app)
+
     @celery.task(name=RELAY_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def relay_outbox(self: Any) -> dict[str, int]:
         """Publish outbox rows whose publish-after-commit did not happen (crash, outage)."""
@@ -244,6 +258,20 @@ def _relay_fault_hook(saga_app: SagaApp) -> Callable[[Sequence[OutboundMessage]]
                 faults.crash("outbox recovery after publishing, before marking", saga_id=saga_id)
 
     return after_publish
+
+
+def take_sample(saga_app: SagaApp) -> int:
+    """One sample of the counts by status, and samples past ``SAGA_SAMPLE_KEEP`` dropped."""
+    from datetime import timedelta
+
+    from saga_tasks.persistence import samples
+    from saga_tasks.persistence.db import translated
+
+    now = saga_app.clock.now()
+    with translated(saga_app.engine.url), saga_app.engine.begin() as conn:
+        written = samples.take(conn, now)
+        samples.prune(conn, now - timedelta(seconds=saga_app.settings.sample_keep))
+    return written
 
 
 def beat_key_prefix(settings: Any) -> str:

@@ -1,7 +1,9 @@
 """The dashboard: server-rendered pages over the same views as the API and the CLI.
 
-Every query is bounded and indexed (status and creation time, business key, held
-messages pending), so the pages stay fast with hundreds of thousands of sagas.
+Lists are bounded and indexed (status and creation time, business key, held
+messages pending); the counts over time come from beat's samples, not the saga
+table. The status tiles count the table live, so they are exact the moment an
+operator acts; that one query grows with the table (measured: README, Performance).
 Operator buttons call the JSON API with the bearer token the operator typed, kept
 in the browser's local storage only.
 """
@@ -58,6 +60,7 @@ def mount(web: FastAPI, app: SagaApp) -> None:
             "overview.html",
             counts=_counts(app),
             chart=_chart(app, hours),
+            history=_status_history(app, hours),
             hours=hours,
             stuck=stuck(app, limit=20),
             recent=recent["sagas"],
@@ -176,6 +179,53 @@ def _chart(app: SagaApp, hours: int) -> dict[str, Any]:
         "height": height,
         "peak": peak,
         "bucket_minutes": bucket // 60,
+    }
+
+
+def _status_history(app: SagaApp, hours: int) -> dict[str, Any]:
+    """How many sagas were in each status over the last ``hours``, from beat's samples:
+    a line per status (the large terminal counts and the small ones on one axis would
+    hide the small ones, so each line has its own scale and says its range)."""
+    from saga_tasks.persistence import samples
+
+    now = app.clock.now()
+    since = now - timedelta(hours=hours)
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        found = samples.since(conn, since)
+    width, height, gap = 900.0, 46.0, 8.0
+    by_status: dict[str, list[tuple[datetime, int]]] = {}
+    for sample in found:
+        by_status.setdefault(sample["status"], []).append((sample["at"], sample["count"]))
+    span = max((now - since).total_seconds(), 1.0)
+    lines = []
+    for index, status in enumerate(s for s in STATUS_ORDER if s in by_status):
+        points = by_status[status]
+        low, high = min(n for _, n in points), max(n for _, n in points)
+        top = index * (height + gap)
+
+        def y(n: int, low: int = low, high: int = high, top: float = top) -> float:
+            return round(top + height - (n - low) / ((high - low) or 1) * (height - 6) - 3, 1)
+
+        lines.append(
+            {
+                "status": status,
+                "points": " ".join(
+                    f"{round((at - since).total_seconds() / span * width, 1)},{y(n)}"
+                    for at, n in points
+                ),
+                "last": points[-1][1],
+                "low": low,
+                "high": high,
+                "top": top,
+            }
+        )
+    return {
+        "lines": lines,
+        "width": width,
+        "height": max(len(lines) * (height + gap), height),
+        "row": height,
+        "samples": len({s["at"] for s in found}),
+        "interval": int(app.settings.sample_interval),
     }
 
 

@@ -130,9 +130,9 @@ def test_migrations_from_empty_twice_and_concurrently(template_database):
         ]
         outputs = [job.communicate(timeout=120)[0] for job in jobs]
         assert [job.returncode for job in jobs] == [0, 0, 0], outputs
-        assert all("schema at revision 0004" in out for out in outputs)
-        assert upgrade(url) == "0004"
-        assert current_revision(url) == "0004"
+        assert all("schema at revision 0005" in out for out in outputs)
+        assert upgrade(url) == "0005"
+        assert current_revision(url) == "0005"
         engine = create_engine(url, poolclass=NullPool)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM saga.alembic_version")).scalar() == 1

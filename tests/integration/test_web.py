@@ -414,3 +414,33 @@ def test_no_input_makes_a_server_error(order_app):
             case.call_and_validate(checks=[not_a_server_error], headers=AUTH)
 
         no_server_error()
+
+
+def test_counts_over_time_come_from_beats_samples(clocked_app, clock, settings):
+    """Beat's samples of the counts by status are the dashboard's history of counts."""
+    import re
+
+    from saga_tasks.tasks import take_sample
+
+    app = clocked_app
+    with TestClient(create_web_app(app)) as client:
+        assert "No samples yet" in client.get("/").text
+        app.start_saga("order", "h-1", ORDER)
+        app.start_saga("order", "h-2", {**ORDER, "customer_id": "c-low"})
+        assert take_sample(app) == 1  # one row: order, RUNNING
+        clock.advance(60)
+        pump(app, settings.broker_url)
+        assert take_sample(app) == 2  # COMPLETED and COMPENSATED
+        clock.advance(60)
+        app.start_saga("order", "h-3", ORDER)
+        assert take_sample(app) == 3
+        page = client.get("/?hours=1").text
+    lines = dict(re.findall(r'<g data-status="(\w+)" data-last="(\d+)">', page))
+    assert lines == {"RUNNING": "1", "COMPLETED": "1", "COMPENSATED": "1"}
+    assert "3 samples" in page
+    running = re.search(r'data-status="RUNNING".*?points="([^"]+)"', page, re.S).group(1)
+    assert len(running.split()) == 2  # RUNNING was sampled at the first and the last sample
+    # Samples older than SAGA_SAMPLE_KEEP are dropped when the next one is taken.
+    clock.advance(app.settings.sample_keep + 1)
+    take_sample(app)
+    assert scalar(app.engine, "SELECT count(DISTINCT at) FROM saga.status_sample") == 1
