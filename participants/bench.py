@@ -783,7 +783,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--starters", type=int, default=4, help="threads starting the burst")
     parser.add_argument("--log-level", default="WARNING", help="worker log level, the same for all")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON object, no table")
+    parser.add_argument("--save", metavar="PATH", help="also write the JSON report to PATH")
     parser.add_argument(
         "--here", action="store_true", help="use SAGA_DATABASE_URL and SAGA_BROKER_URL"
     )
@@ -870,6 +871,8 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
         forget_beat_state(saga_app.settings)
     report = build_report(args, results, sweep)
     report["web"] = web
+    if args.save:
+        Path(args.save).write_text(json.dumps(report, indent=2, default=str))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
