@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from participants.inventory import stock
-from participants.payments import customer
+from participants.payments import authorization, customer
 
 DEFAULT_STOCK: Mapping[str, int] = {f"sku-{i}": 1_000 for i in range(1, 11)} | {
     "sku-scarce": 3,
@@ -24,8 +24,8 @@ def seed(
     stock_levels: Mapping[str, int] = DEFAULT_STOCK,
     customers: Mapping[str, int] = DEFAULT_CUSTOMERS,
 ) -> None:
-    """Set stock on hand (nothing reserved) and credit limits (nothing authorized) to the
-    given values."""
+    """Set stock on hand (nothing reserved) and credit limits to the given values; each
+    customer's open total is recounted from their open authorizations."""
     with engine.begin() as conn:
         if stock_levels:
             stmt = insert(stock).values(
@@ -43,9 +43,19 @@ def seed(
             conn.execute(
                 stmt2.on_conflict_do_update(
                     index_elements=["customer_id"],
-                    set_={
-                        "credit_limit_cents": stmt2.excluded.credit_limit_cents,
-                        "authorized_cents": 0,
-                    },
+                    set_={"credit_limit_cents": stmt2.excluded.credit_limit_cents},
                 )
+            )
+            open_total = (
+                select(func.coalesce(func.sum(authorization.c.amount_cents), 0))
+                .where(
+                    authorization.c.customer_id == customer.c.customer_id,
+                    authorization.c.status == "AUTHORIZED",
+                )
+                .scalar_subquery()
+            )
+            conn.execute(
+                update(customer)
+                .where(customer.c.customer_id.in_(list(customers)))
+                .values(authorized_cents=open_total)
             )

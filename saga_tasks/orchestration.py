@@ -524,7 +524,7 @@ class Orchestrator:
                         extra={"saga_id": state.saga_id, "next_wake_at": wake},
                     )
                     continue
-                changes.save(state, state, order)  # repairs next_wake_at only
+                changes.save(state, state, order, touch=False)  # repairs next_wake_at only
             changes.log(state.saga_id, decision.history, now)
             changes.messages += [
                 self._command_message(decision.state, c, causation_id=None)

@@ -34,9 +34,11 @@ def rows(messages: Sequence[OutboundMessage]) -> str:
 
 
 @cache
-def insert_sql(table: Table, param: str = "outbox", also_from: str | None = None) -> str:
+def insert_sql(
+    table: Table, param: str = "outbox", also_from: str | None = None, where: str | None = None
+) -> str:
     """SQL inserting the rows of ``:param`` (see ``rows``) into the outbox ``table``."""
-    return recordset.insert_from(table, COLUMNS, param, also_from=also_from)
+    return recordset.insert_from(table, COLUMNS, param, also_from=also_from, where=where)
 
 
 @cache

@@ -10,19 +10,28 @@ the connection. A prepared statement outlives a rolled-back transaction.
 
 Behind a PgBouncer in transaction pooling mode a session's prepared statements are
 not there on the next transaction: set ``SAGA_DB_PREPARE=0`` and the same SQL runs
-as plain text.
+as plain text. A statement that went missing anyway (``DISCARD ALL``) fails its
+transaction as a ``ConcurrencyConflict``, which retries the message; the retry
+prepares it again.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Column, Connection, CursorResult, TextClause, text
+from sqlalchemy import Column, Connection, CursorResult, TextClause, exc, text
+
+from saga_tasks.errors import ConcurrencyConflict
+
+log = logging.getLogger("saga_tasks.persistence")
 
 _PARAM = re.compile(r"(?<![:\w]):(\w+)")
+_LITERAL = re.compile(r"'[^']*'")
 _INFO_KEY = "saga_tasks.prepared"
+_NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
 
 _enabled = True
 
@@ -49,6 +58,8 @@ class Prepared:
                 order.append(found)
         if "%" in sql:
             raise ValueError(f"{name}: '%' would be read as a driver placeholder")
+        if any(":" in literal for literal in _LITERAL.findall(sql)):
+            raise ValueError(f"{name}: a ':' inside a string literal would read as a parameter")
         if set(order) != set(types):
             raise ValueError(f"{name}: parameters {sorted(order)} but types for {sorted(types)}")
         self.name = name
@@ -65,8 +76,23 @@ class Prepared:
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
         if not _enabled:
             return conn.execute(self._plain, params)
-        names: set[str] = conn.connection.info.setdefault(_INFO_KEY, set())
+        info = conn.connection.info
+        names: set[str] = info.setdefault(_INFO_KEY, set())
         if self.name not in names:
             conn.exec_driver_sql(self._prepare)  # no parameters: sent as it is
             names.add(self.name)
-        return conn.execute(self._execute, params)
+        try:
+            return conn.execute(self._execute, params)
+        except exc.DBAPIError as error:
+            if getattr(error.orig, "pgcode", None) != _NO_SUCH_STATEMENT:
+                raise
+            # The session lost what it prepared (DISCARD ALL, DEALLOCATE, or a pooler
+            # that hands out another server connection). Forget it here, so the retry
+            # this error causes prepares again; the transaction is lost either way.
+            info.pop(_INFO_KEY, None)
+            log.warning(
+                "prepared statement %s missing on its connection; behind a pooler in "
+                "transaction mode set SAGA_DB_PREPARE=0",
+                self.name,
+            )
+            raise ConcurrencyConflict(f"prepared statement {self.name} was gone") from error

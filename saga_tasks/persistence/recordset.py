@@ -59,17 +59,25 @@ def rows_from(table: Table, names: tuple[str, ...], param: str, alias: str = "r"
 
 
 def insert_from(
-    table: Table, names: tuple[str, ...], param: str, *, also_from: str | None = None
+    table: Table,
+    names: tuple[str, ...],
+    param: str,
+    *,
+    also_from: str | None = None,
+    where: str | None = None,
 ) -> str:
     """``INSERT INTO table (names) SELECT names FROM <the rows of :param>``, in list order.
 
     ``also_from`` joins another relation: a CTE that returned no row makes the insert
-    write nothing (a start that met an existing business key, a claim that conflicted).
+    write nothing (a start that met an existing business key, a claim that conflicted);
+    ``where`` guards the insert the same way with a condition.
     """
     cols = ", ".join(names)
     source = rows_from(table, names, param)
     if also_from:
         source += f" CROSS JOIN {also_from}"
+    if where:
+        source += f" WHERE {where}"
     picked = ", ".join(f"r.{n}" for n in names)
     # Identifiers come from the table's declaration; every value is bound.
     return f"INSERT INTO {qualified(table)} ({cols}) SELECT {picked} FROM {source} ORDER BY r.ord"  # noqa: S608

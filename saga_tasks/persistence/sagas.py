@@ -182,25 +182,9 @@ _STEP_COLUMNS = (
 )
 
 
-def lock(conn: Connection, saga_id: str) -> SagaState | None:
-    """Load one saga with its steps and hold its row lock until the transaction ends."""
-    stmt = (
-        select(saga_instance, *_STEP_COLUMNS)
-        .select_from(
-            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
-        )
-        .where(saga_instance.c.saga_id == saga_id)
-        .order_by(saga_step.c.position)
-        .with_for_update(of=saga_instance)
-    )
-    rows = conn.execute(stmt).all()
-    return _to_state(rows) if rows else None
-
-
-def _saga_and_steps_select() -> tuple[str, list[Column[Any]]]:
-    """The select list of a saga row joined with its steps, and its typed result columns."""
-    names = [f"s.{c.name}" for c in saga_instance.columns]
-    columns: list[Column[Any]] = [Column(c.name, c.type) for c in saga_instance.columns]
+def _step_select() -> tuple[str, list[Column[Any]]]:
+    """The select list of a saga's step rows, and their typed result columns."""
+    names, columns = [], []
     for col in _STEP_COLUMNS:
         source = col.element if hasattr(col, "element") else col
         names.append(f"st.{source.name} AS {col.name}")
@@ -208,48 +192,83 @@ def _saga_and_steps_select() -> tuple[str, list[Column[Any]]]:
     return ", ".join(names), columns
 
 
-def _claim_and_lock_stmt() -> Prepared:
-    picked, columns = _saga_and_steps_select()
-    sql = f"""WITH claimed AS (
+def _locking_statements() -> tuple[Prepared, Prepared, Prepared]:
+    """Lock the saga row, then read its steps in a statement of their own.
+
+    Under READ COMMITTED a locking read that had to wait re-reads only the row it
+    locks; anything joined to it keeps the snapshot from before the wait. A reply
+    that queued behind a sweep would see the sweep's version with the steps from
+    before it, and write them back. The steps' own statement starts after the lock
+    is held, so it sees whatever the holder committed (every step write also
+    updates, so locks, the saga row).
+    """
+    sagas_cols = ", ".join(f"s.{c.name}" for c in saga_instance.columns)
+    saga_columns = [Column(c.name, c.type) for c in saga_instance.columns]
+    claim = Prepared(
+        "saga_claim_and_lock",
+        f"""WITH claimed AS (
             INSERT INTO saga.inbox (consumer, message_id, saga_id)
             VALUES (:consumer, :message_id, :saga_id)
             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id)
-        SELECT (SELECT count(*) FROM claimed) AS new_message, {picked}
-        FROM saga.saga_instance s LEFT JOIN saga.saga_step st ON st.saga_id = s.saga_id
-        WHERE s.saga_id = :saga_id
-        ORDER BY st.position
-        FOR UPDATE OF s"""  # noqa: S608 - identifiers are ours; values bound
-    return Prepared(
-        "saga_claim_and_lock",
-        sql,
+        SELECT (SELECT count(*) FROM claimed) AS new_message, {sagas_cols}
+        FROM saga.saga_instance s WHERE s.saga_id = :saga_id
+        FOR UPDATE""",  # noqa: S608 - identifiers are ours; values bound
         {"consumer": "text", "message_id": "text", "saga_id": "uuid"},
-        [Column("new_message", BigInteger), *columns],
+        [Column("new_message", BigInteger), *saga_columns],
     )
+    lock = Prepared(
+        "saga_lock",
+        f"SELECT {sagas_cols} FROM saga.saga_instance s WHERE s.saga_id = :saga_id "  # noqa: S608
+        "FOR UPDATE",
+        {"saga_id": "uuid"},
+        saga_columns,
+    )
+    picked, step_columns = _step_select()
+    steps = Prepared(
+        "saga_steps",
+        f"SELECT {picked} FROM saga.saga_step st WHERE st.saga_id = :saga_id "  # noqa: S608
+        "ORDER BY st.position",
+        {"saga_id": "uuid"},
+        step_columns,
+    )
+    return claim, lock, steps
 
 
-_CLAIM_AND_LOCK = _claim_and_lock_stmt()
+_CLAIM_AND_LOCK, _LOCK, _STEPS = _locking_statements()
 _INBOX_ROW_IS_MINE = text(
     "SELECT xmin = pg_current_xact_id()::xid FROM saga.inbox "
     "WHERE consumer = :c AND message_id = :m"
 )
 
 
+def lock(conn: Connection, saga_id: str) -> SagaState | None:
+    """Load one saga with its steps and hold its row lock until the transaction ends."""
+    head = _LOCK.execute(conn, {"saga_id": saga_id}).first()
+    if head is None:
+        return None
+    return _to_state(_STEPS.execute(conn, {"saga_id": saga_id}).all(), head._mapping)
+
+
 def claim_and_lock(
     conn: Connection, consumer: str, message_id: str, saga_id: str
 ) -> tuple[bool, SagaState | None]:
-    """Record a message in the inbox and lock its saga, in one round trip.
+    """Record a message in the inbox and lock its saga (one statement), then read its
+    steps (a second: see ``_locking_statements`` for why not the same one).
 
     Returns (new, state): ``new`` is False for a message consumed before (a duplicate),
     ``state`` None for an unknown saga. A concurrent delivery of the same message
     blocks on the inbox key until the first transaction ends, then sees the conflict.
     """
     params = {"consumer": consumer, "message_id": message_id, "saga_id": saga_id}
-    rows = _CLAIM_AND_LOCK.execute(conn, params).all()
-    if rows:
-        return bool(rows[0].new_message), _to_state(rows)
-    # No such saga (rare): the inbox row is new if this transaction wrote it.
-    mine = conn.execute(_INBOX_ROW_IS_MINE, {"c": consumer, "m": message_id}).scalar_one()
-    return bool(mine), None
+    head = _CLAIM_AND_LOCK.execute(conn, params).first()
+    if head is None:
+        # No such saga (rare): the inbox row is new if this transaction wrote it.
+        mine = conn.execute(_INBOX_ROW_IS_MINE, {"c": consumer, "m": message_id}).scalar_one()
+        return bool(mine), None
+    if not head.new_message:
+        return False, _to_state([], head._mapping)  # a duplicate: its steps are not needed
+    steps = _STEPS.execute(conn, {"saga_id": saga_id}).all()
+    return True, _to_state(steps, head._mapping)
 
 
 def claim_due(conn: Connection, now: datetime, limit: int) -> list[SagaState]:
@@ -300,8 +319,9 @@ def load(conn: Connection, saga_id: str) -> SagaState | None:
     return _to_state(rows) if rows else None
 
 
-def _to_state(rows: Sequence[Row[Any]]) -> SagaState:
-    head = rows[0]._mapping
+def _to_state(rows: Sequence[Row[Any]], head: Mapping[Any, Any] | None = None) -> SagaState:
+    """A saga from its step rows (joined with the saga's columns, or ``head`` given)."""
+    saga: Mapping[Any, Any] = head if head is not None else rows[0]._mapping
     steps: dict[str, StepState] = {}
     for row in rows:
         m = row._mapping
@@ -322,40 +342,44 @@ def _to_state(rows: Sequence[Row[Any]]) -> SagaState:
             given_up=m["given_up"],
         )
     return SagaState(
-        saga_id=head["saga_id"],
-        saga_type=head["saga_type"],
-        definition_version=head["definition_version"],
-        business_key=head["business_key"],
-        status=SagaStatus(head["status"]),
-        version=head["version"],
-        payload=head["payload"],
+        saga_id=saga["saga_id"],
+        saga_type=saga["saga_type"],
+        definition_version=saga["definition_version"],
+        business_key=saga["business_key"],
+        status=SagaStatus(saga["status"]),
+        version=saga["version"],
+        payload=saga["payload"],
         steps=steps,
-        created_at=head["created_at"],
-        deadline=head["deadline"],
-        reason=head["status_reason"],
-        finished_at=head["finished_at"],
-        correlation_id=head["correlation_id"],
-        traceparent=head["traceparent"],
-        extra={"updated_at": head["updated_at"]},
+        created_at=saga["created_at"],
+        deadline=saga["deadline"],
+        reason=saga["status_reason"],
+        finished_at=saga["finished_at"],
+        correlation_id=saga["correlation_id"],
+        traceparent=saga["traceparent"],
+        extra={"updated_at": saga["updated_at"]},
     )
 
 
 def _write_changes_sql() -> Prepared:
     cas = """UPDATE saga.saga_instance AS s
        SET status = v.status, status_reason = v.status_reason, version = v.version,
-           deadline = v.deadline, next_wake_at = v.next_wake_at, updated_at = :now,
+           deadline = v.deadline, next_wake_at = v.next_wake_at,
+           updated_at = coalesce(v.updated_at, :now),
            finished_at = v.finished_at
        FROM jsonb_to_recordset(CAST(:sagas AS jsonb)) AS v(
            saga_id uuid, old_version bigint, status text, status_reason text,
            version bigint, deadline timestamptz, next_wake_at timestamptz,
-           finished_at timestamptz)
+           finished_at timestamptz, updated_at timestamptz)
        WHERE s.saga_id = ANY(CAST(:saga_ids AS uuid[]))
          AND s.saga_id = v.saga_id AND s.version = v.old_version
        RETURNING 1"""
-    steps = recordset.insert_from(saga_step, STEP_COLUMNS, "steps")
+    # Nothing else is written unless every compare-and-set matched: the caller rolls
+    # back on ConcurrencyConflict anyway, and the statement does not depend on it.
+    saved_all = "(SELECT count(*) FROM saved) = :expected"
+    steps = recordset.insert_from(saga_step, STEP_COLUMNS, "steps", where=saved_all)
     updated = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS[3:])
-    history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history")
-    commands = outbox.insert_sql(saga_outbox, "outbox")
+    history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history", where=saved_all)
+    commands = outbox.insert_sql(saga_outbox, "outbox", where=saved_all)
     sql = f"""WITH saved AS ({cas}),
             steps AS ({steps} ON CONFLICT ON CONSTRAINT pk_saga_step DO UPDATE SET {updated}
                       RETURNING 1),
@@ -364,7 +388,9 @@ def _write_changes_sql() -> Prepared:
             SELECT count(*) FROM saved"""  # noqa: S608 - identifiers are ours; values bound
     json_params = dict.fromkeys(("sagas", "steps", "history", "outbox"), "jsonb")
     return Prepared(
-        "saga_write_changes", sql, {"now": "timestamptz", "saga_ids": "uuid[]", **json_params}
+        "saga_write_changes",
+        sql,
+        {"now": "timestamptz", "saga_ids": "uuid[]", "expected": "bigint", **json_params},
     )
 
 
@@ -380,8 +406,16 @@ class Changes:
     history: list[dict[str, Any]] = field(default_factory=list)
     messages: list[OutboundMessage] = field(default_factory=list)
 
-    def save(self, old: SagaState, new: SagaState, step_order: Sequence[str]) -> None:
-        """Write ``new`` over ``old``: a compare-and-set on ``old.version``."""
+    def save(
+        self,
+        old: SagaState,
+        new: SagaState,
+        step_order: Sequence[str],
+        *,
+        touch: bool = True,
+    ) -> None:
+        """Write ``new`` over ``old``: a compare-and-set on ``old.version``. ``touch``
+        False keeps ``updated_at`` (a repair is not progress: a stuck saga stays stuck)."""
         self.sagas.append(
             {
                 "saga_id": old.saga_id,
@@ -392,6 +426,7 @@ class Changes:
                 "deadline": new.deadline,
                 "next_wake_at": new.next_wake_at(),
                 "finished_at": new.finished_at,
+                "updated_at": None if touch else old.extra.get("updated_at"),
             }
         )
         self.steps += _changed_steps(old, new, step_order)
@@ -424,6 +459,7 @@ def write_changes(conn: Connection, changes: Changes, now: datetime) -> None:
             # The ids again as an array: the primary key finds the rows, where a join
             # with the recordset alone is planned as a scan of the whole table.
             "saga_ids": [c["saga_id"] for c in changes.sagas],
+            "expected": len(changes.sagas),
             "sagas": recordset.encode(changes.sagas),
             "steps": recordset.encode(changes.steps),
             "history": recordset.encode(changes.history),

@@ -193,9 +193,13 @@ def _status_history(app: SagaApp, hours: int) -> dict[str, Any]:
     with translated(app.settings.database_url), app.engine.connect() as conn:
         found = samples.since(conn, since)
     width, height, gap = 900.0, 46.0, 8.0
-    by_status: dict[str, list[tuple[datetime, int]]] = {}
-    for sample in found:
-        by_status.setdefault(sample["status"], []).append((sample["at"], sample["count"]))
+    # A sample has rows only for the statuses that had sagas: missing means none.
+    times = sorted({sample["at"] for sample in found})
+    counted = {(sample["at"], sample["status"]): sample["count"] for sample in found}
+    by_status: dict[str, list[tuple[datetime, int]]] = {
+        status: [(at, counted.get((at, status), 0)) for at in times]
+        for status in {sample["status"] for sample in found}
+    }
     span = max((now - since).total_seconds(), 1.0)
     lines = []
     for index, status in enumerate(s for s in STATUS_ORDER if s in by_status):

@@ -166,3 +166,59 @@ def test_replies_that_make_no_sense_are_recorded(order_app, settings):
     assert order_app.orchestrator.get(handle.saga_id).version == 1
     events = [r["event"] for r in rows(order_app.engine, "SELECT event FROM saga.saga_history")]
     assert events.count("invalid_message") == 2
+
+
+def _blocked_on_a_lock(engine) -> bool:
+    return bool(
+        scalar(
+            engine,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'",
+        )
+    )
+
+
+def test_a_reply_that_waits_for_the_saga_lock_reads_the_steps_as_committed(order_app, settings):
+    """Under READ COMMITTED a locking read that waits re-reads only the locked row: the
+    steps must come from after the wait, or the reply decides on steps someone (a sweep)
+    has just changed and writes the old values back."""
+    from dataclasses import replace
+
+    from saga_tasks.persistence import sagas
+
+    handle = order_app.start_saga("order", "lk-1", ORDER)
+    engine, order = order_app.engine, [s.name for s in order_app.registry.latest("order").steps]
+    now = order_app.clock.now()
+    seen = {}
+    with engine.connect() as holder:
+        with holder.begin():
+            state = sagas.lock(holder, handle.saga_id)
+            moved = replace(
+                state,
+                version=state.version + 1,
+                steps={
+                    **state.steps,
+                    "create_order": replace(state.steps["create_order"], attempt=2),
+                },
+            )
+            changes = sagas.Changes()
+            changes.save(state, moved, order)
+            sagas.write_changes(holder, changes, now)
+
+            def reply() -> None:
+                with engine.begin() as conn:
+                    seen["claimed"] = sagas.claim_and_lock(
+                        conn, "orchestrator", "m-lk", handle.saga_id
+                    )
+                    seen["locked"] = sagas.lock(conn, handle.saga_id)
+
+            waiter = threading.Thread(target=reply)
+            waiter.start()
+            from saga_tasks.testing import wait_for
+
+            wait_for(lambda: _blocked_on_a_lock(engine), describe="the reply to wait for the lock")
+        waiter.join(timeout=30)
+    new, after = seen["claimed"]
+    assert new and after.version == moved.version
+    assert after.steps["create_order"].attempt == 2, "steps read before the wait"
+    assert seen["locked"].steps["create_order"].attempt == 2

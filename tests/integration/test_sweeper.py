@@ -170,7 +170,8 @@ def test_the_saga_deadline_compensates_what_succeeded(clocked_app, clock, settin
 def test_a_wake_up_time_that_disagrees_with_the_saga_is_repaired_once(clocked_app, clock, settings):
     app = clocked_app
     handle = create_and_advance_to_reserve(app, settings.broker_url, "t-stale")
-    version = app.orchestrator.get(handle.saga_id).version
+    before = app.orchestrator.get(handle.saga_id)
+    version = before.version
     with app.engine.begin() as conn:  # as a manual edit or a restored backup might leave it
         conn.exec_driver_sql(
             "UPDATE saga.saga_instance SET next_wake_at = now() - interval '1 hour'"
@@ -180,7 +181,10 @@ def test_a_wake_up_time_that_disagrees_with_the_saga_is_repaired_once(clocked_ap
     assert app.orchestrator.sweep().claimed == 0, "repaired: not claimed again"
     wake = scalar(app.engine, "SELECT next_wake_at FROM saga.saga_instance")
     assert wake == app.orchestrator.get(handle.saga_id).steps["reserve_stock"].deadline
-    assert app.orchestrator.get(handle.saga_id).version == version
+    after = app.orchestrator.get(handle.saga_id)
+    assert after.version == version
+    # A repair is not progress: the saga's last change is still its last change.
+    assert after.extra["updated_at"] == before.extra["updated_at"]
     assert drain(settings.broker_url, "inventory.commands")[0]["headers"]["saga_attempt"] == 1
 
 

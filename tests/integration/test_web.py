@@ -439,7 +439,9 @@ def test_counts_over_time_come_from_beats_samples(clocked_app, clock, settings):
     assert lines == {"RUNNING": "1", "COMPLETED": "1", "COMPENSATED": "1"}
     assert "3 samples" in page
     running = re.search(r'data-status="RUNNING".*?points="([^"]+)"', page, re.S).group(1)
-    assert len(running.split()) == 2  # RUNNING was sampled at the first and the last sample
+    heights = [float(point.split(",")[1]) for point in running.split()]
+    # 2 running, then none (no row in that sample: zero, not a gap), then 1.
+    assert len(heights) == 3 and heights[1] > heights[2] > heights[0]
     # Samples older than SAGA_SAMPLE_KEEP are dropped when the next one is taken.
     clock.advance(app.settings.sample_keep + 1)
     take_sample(app)

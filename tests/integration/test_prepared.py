@@ -1,0 +1,52 @@
+"""Hot statements prepared once per connection: the same answers as plain text, and a
+session that lost them (DISCARD ALL, a pooler) costs a retry, not a stuck worker."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Integer, column
+
+from saga_tasks.errors import ConcurrencyConflict
+from saga_tasks.persistence import prepared
+from saga_tasks.persistence.prepared import Prepared
+
+ADD = Prepared("test_add", "SELECT CAST(:a AS integer) + :b AS n", {"a": "integer", "b": "integer"},
+               [column("n", Integer)])  # fmt: skip
+
+
+def test_prepared_and_plain_give_the_same_rows(order_app):
+    with order_app.engine.connect() as conn:
+        assert ADD.execute(conn, {"a": 2, "b": 3}).scalar_one() == 5
+        assert ADD.execute(conn, {"a": 4, "b": 3}).scalar_one() == 7  # prepared already
+        assert "test_add" in conn.connection.info["saga_tasks.prepared"]
+        names = conn.exec_driver_sql("SELECT name FROM pg_prepared_statements").scalars().all()
+        assert "test_add" in names
+        prepared.enable(False)
+        try:
+            assert ADD.execute(conn, {"a": 1, "b": 1}).scalar_one() == 2
+        finally:
+            prepared.enable(True)
+
+
+def test_a_session_that_lost_its_statements_retries_and_prepares_again(order_app):
+    with order_app.engine.connect() as conn:
+        assert ADD.execute(conn, {"a": 1, "b": 2}).scalar_one() == 3
+        conn.commit()
+        conn.exec_driver_sql("DEALLOCATE ALL")  # what DISCARD ALL or a pooler does to it
+        with pytest.raises(ConcurrencyConflict):
+            ADD.execute(conn, {"a": 1, "b": 2})
+        conn.rollback()
+        assert ADD.execute(conn, {"a": 1, "b": 2}).scalar_one() == 3
+
+
+@pytest.mark.parametrize(
+    ("sql", "types", "complaint"),
+    [
+        ("SELECT :a", {"a": "int", "b": "int"}, "parameters"),
+        ("SELECT '10:30' || :a", {"a": "text"}, "string literal"),
+        ("SELECT :a LIKE 'x%'", {"a": "text"}, "placeholder"),
+    ],
+)
+def test_statements_that_would_not_survive_preparing_are_refused(sql, types, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        Prepared("bad", sql, types)
