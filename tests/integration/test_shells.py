@@ -196,9 +196,10 @@ def test_a_reply_that_waits_for_the_saga_lock_reads_the_steps_as_committed(order
             moved = replace(
                 state,
                 version=state.version + 1,
-                steps={
+                steps={  # the first and the last step row: every joined row must be fresh
                     **state.steps,
                     "create_order": replace(state.steps["create_order"], attempt=2),
+                    "confirm_order": replace(state.steps["confirm_order"], attempt=5),
                 },
             )
             changes = sagas.Changes()
@@ -221,4 +222,5 @@ def test_a_reply_that_waits_for_the_saga_lock_reads_the_steps_as_committed(order
     new, after = seen["claimed"]
     assert new and after.version == moved.version
     assert after.steps["create_order"].attempt == 2, "steps read before the wait"
-    assert seen["locked"].steps["create_order"].attempt == 2
+    assert after.steps["confirm_order"].attempt == 5, "steps read before the wait"
+    assert seen["locked"].steps["confirm_order"].attempt == 5
