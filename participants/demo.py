@@ -40,6 +40,7 @@ STATE_DIR = Path(".demo")
 WEB_PORT = 8000
 ORCHESTRATOR_METRICS_PORT = 9101
 PIDS = STATE_DIR / "pids.json"
+RUNNER = "demo"
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,8 @@ def demo_processes(
 
 def _save_pids(processes: Sequence[WorkerProcess]) -> None:
     STATE_DIR.mkdir(exist_ok=True)
-    PIDS.write_text(json.dumps({p.name: p.pid for p in processes if p.process is not None}))
+    pids = {p.name: p.pid for p in processes if p.process is not None}
+    PIDS.write_text(json.dumps({RUNNER: os.getpid(), **pids}))
 
 
 def _announce_restart(process: WorkerProcess) -> None:
@@ -160,16 +162,36 @@ def _management_api() -> bool:
 
 
 def stop_previous() -> int:
-    """``--stop``: end the process groups a demo left running."""
+    """``--stop``: end a demo left running: its runner first (it supervises the rest and
+    would restart what is killed under it, then stops them itself), then any process
+    group still there."""
     if not PIDS.exists():
         print("no demo is running (no .demo/pids.json)")
         return 0
-    for name, pid in json.loads(PIDS.read_text()).items():
+    pids: dict[str, int] = json.loads(PIDS.read_text())
+    runner = pids.pop(RUNNER, None)
+    if runner is not None and _alive(runner):
+        os.kill(runner, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while _alive(runner) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"stopped the demo runner (pid {runner}) and what it supervised")
+    for name, pid in pids.items():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
             print(f"stopped {name} (pid {pid})")
-    PIDS.unlink()
+    PIDS.unlink(missing_ok=True)
     return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def percentile(values: list[float], q: float) -> float:
