@@ -141,6 +141,14 @@ class Participant:
         return f"Participant({self.name!r}, queue={self.queue!r})"
 
 
+def _crash_before_commit(
+    fault: faults.Fault | None, duplicate: bool, fields: Mapping[str, Any]
+) -> None:
+    """The demo fault: die with the reply written and the transaction not committed."""
+    if fault and not duplicate and fault.kind is faults.FaultKind.CRASH_BEFORE_COMMIT:
+        faults.crash("inside the transaction, before commit", **fields)
+
+
 def reply_id_for(command_id: str) -> str:
     return str(uuid.uuid5(_REPLY_NAMESPACE, f"{command_id}/reply"))
 
@@ -285,6 +293,7 @@ class ParticipantRuntime:
         try:
             with translated(engine.url), engine.begin() as conn:
                 reply, duplicate = self._handle(conn, handler, command, fault, fields)
+                _crash_before_commit(fault, duplicate, fields)
         except BusinessRejection as rejection:
             # Rolled back whole, partial writes with it; the refusal in a transaction
             # of its own (a success needs no savepoint, which is two round trips).
@@ -295,9 +304,8 @@ class ParticipantRuntime:
                 extra={**fields, "code": rejection.code},
             )
             with translated(engine.url), engine.begin() as conn:
-                reply, duplicate = self._refuse(
-                    conn, handler, command, rejection, fault=fault, fields=fields
-                )
+                reply, duplicate = self._refuse(conn, handler, command, rejection, fields)
+                _crash_before_commit(fault, duplicate, fields)
         if duplicate:
             fault = None  # faults act on the first execution of a command only
         if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
@@ -361,8 +369,6 @@ class ParticipantRuntime:
             reply=reply.stored(),
             message=message,
         )
-        if fault and fault.kind is faults.FaultKind.CRASH_BEFORE_COMMIT:
-            faults.crash("inside the transaction, before commit", **fields)
         return message, False
 
     def _refuse(
@@ -371,8 +377,6 @@ class ParticipantRuntime:
         handler: Handler,
         command: Command,
         rejection: BusinessRejection,
-        *,
-        fault: faults.Fault | None,
         fields: Mapping[str, Any],
     ) -> tuple[OutboundMessage, bool]:
         """Claim the command with its refusal and queue the reply, in one statement.
@@ -391,8 +395,6 @@ class ParticipantRuntime:
         )
         if not claimed:
             return self._stored(conn, command, fields), True
-        if fault and fault.kind is faults.FaultKind.CRASH_BEFORE_COMMIT:
-            faults.crash("inside the transaction, before commit", **fields)
         return message, False
 
     def _stored(

@@ -41,17 +41,6 @@ def insert_sql(
     return recordset.insert_from(table, COLUMNS, param, also_from=also_from, where=where)
 
 
-@cache
-def _insert(table: Table) -> TextClause:
-    return text(insert_sql(table))
-
-
-def write(conn: Connection, table: Table, messages: Sequence[OutboundMessage]) -> None:
-    """Insert ``messages`` into the outbox ``table`` inside the caller's transaction."""
-    if messages:
-        conn.execute(_insert(table), {"outbox": rows(messages)})
-
-
 def claim_unpublished(
     conn: Connection, table: Table, *, min_age_seconds: float, limit: int
 ) -> list[OutboundMessage]:

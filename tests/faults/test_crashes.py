@@ -137,3 +137,26 @@ def test_database_away_requeues_replies_and_loses_nothing(order_app, workers, is
     assert_each_effect_once(order_app, 1)
     # An outage is nobody's message's fault: nothing was dead-lettered for it.
     assert queue_depths(isolation.broker_url, ["saga.dead_letter"]) == {"saga.dead_letter": 0}
+
+
+def test_participant_killed_before_commit_leaves_nothing_and_runs_again(order_app, workers):
+    workers.orchestrator()
+    workers.start("orders", ["orders.commands"])
+    workers.start("inventory", ["inventory.commands"])
+    payments = workers.start("payments", ["payments.commands"])
+    payload = {**ORDER, "demo_faults": {"payments.authorize": "crash_before_commit"}}
+    handle = order_app.start_saga("order", "crash-2", payload)
+    wait_for(lambda: not payments.alive(), timeout=30, describe="the payments worker to die")
+    # Died inside its transaction: no authorization, no ledger row, no reply.
+    for table in ("payments.authorization", "payments.command_ledger", "payments.outbox"):
+        assert scalar(order_app.engine, f"SELECT count(*) FROM {table}") == 0, table
+    workers.start("payments", ["payments.commands"])  # the unacked command comes back
+    state = wait_for(
+        lambda: (s := order_app.orchestrator.get(handle.saga_id)).status in TERMINAL_SAGA and s,
+        timeout=60,
+        describe="the saga to finish once payments is back",
+    )
+    assert state.status is SagaStatus.COMPLETED
+    assert_each_effect_once(order_app, 1)
+    assert scalar(order_app.engine, "SELECT authorized_cents FROM payments.customer "
+                  "WHERE customer_id = 'c-1'") == ORDER["amount_cents"]  # fmt: skip
