@@ -6,6 +6,7 @@ configuration table is checked against this module by a test.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -15,6 +16,16 @@ from urllib.parse import urlsplit, urlunsplit
 from saga_tasks.errors import ConfigurationError
 
 T = TypeVar("T")
+
+BEAT_LEASE_MARGIN = 3
+"""The beat lease lasts at least this many of beat's longest sleeps. Redbeat renews the
+lease once per tick, so it must outlive one sleep plus the tick's own work (Redis round
+trips, publishing the due tasks with confirms); a lease that lapses makes the next renewal
+raise ``LockNotOwnedError``, which stops beat, and no timeout or recovery runs after it."""
+
+BEAT_MIN_SLEEP = 1.0
+"""Floor of beat's longest sleep between ticks (``beat_max_loop_interval``): sub-second
+intervals still tick about once a second, instead of spinning."""
 
 
 def _env(name: str, default: Any, doc: str) -> Any:
@@ -60,7 +71,7 @@ class Settings:
     relay_batch: int = _env(
         "SAGA_RELAY_BATCH",
         500,
-        "Outbox rows claimed per recovery pass and outbox.",
+        "Outbox rows claimed per recovery pass and outbox; at least 1.",
     )
     sweep_interval: float = _env(
         "SAGA_SWEEP_INTERVAL",
@@ -70,12 +81,14 @@ class Settings:
     sweep_batch: int = _env(
         "SAGA_SWEEP_BATCH",
         500,
-        "Sagas with a passed deadline claimed per sweep transaction.",
+        "Sagas with a passed deadline claimed per sweep transaction; at least 1.",
     )
     beat_lock_timeout: float = _env(
         "SAGA_BEAT_LOCK_TIMEOUT",
         10.0,
-        "Seconds the active beat's lease in Redis lasts; a standby takes over after it.",
+        "Seconds (whole) the active beat's lease in Redis lasts; a standby takes over after "
+        "it. At least 3 x beat's longest sleep, max(1, min(SAGA_SWEEP_INTERVAL, "
+        "SAGA_RELAY_INTERVAL)), so the lease never lapses between two renewals.",
     )
     retry_tiers: str = _env(
         "SAGA_RETRY_TIERS",
@@ -121,12 +134,12 @@ class Settings:
     sample_keep: float = _env(
         "SAGA_SAMPLE_KEEP",
         604800.0,
-        "Seconds samples of counts are kept (default a week).",
+        "Seconds samples of counts are kept (default a week); at least 2 x SAGA_SAMPLE_INTERVAL.",
     )
     alert_webhook: str = _env(
         "SAGA_ALERT_WEBHOOK",
         "",
-        "URL that receives each alert as a JSON POST (empty: alerts are log lines only).",
+        "http(s) URL that receives each alert as a JSON POST (empty: alerts are log lines only).",
     )
     api_tokens: str = _env(
         "SAGA_API_TOKENS",
@@ -136,7 +149,8 @@ class Settings:
     metrics_port: int = _env(
         "SAGA_METRICS_PORT",
         0,
-        "Port on which a worker serves Prometheus metrics (0: none; the web app has /metrics).",
+        "Port (1-65535) on which a worker serves Prometheus metrics (0: none; the web app has "
+        "/metrics).",
     )
     trace_export: str = _env(
         "SAGA_TRACE_EXPORT",
@@ -169,7 +183,7 @@ class Settings:
     db_pool_size: int = _env(
         "SAGA_DB_POOL_SIZE",
         2,
-        "PostgreSQL connections per process (each prefork child is a process).",
+        "PostgreSQL connections per process (each prefork child is a process); at least 1.",
     )
     db_prepare: bool = _env(
         "SAGA_DB_PREPARE",
@@ -180,7 +194,7 @@ class Settings:
     prefetch_multiplier: int = _env(
         "SAGA_PREFETCH_MULTIPLIER",
         4,
-        "Unacknowledged messages a worker process may hold, per pool slot.",
+        "Unacknowledged messages a worker process may hold, per pool slot; at least 1.",
     )
     demo_faults: bool = _env(
         "SAGA_TASKS_DEMO_FAULTS",
@@ -210,7 +224,10 @@ class Settings:
                 "SAGA_UNKNOWN_ERROR_RETRIES must be >= 0 and SAGA_POISON_LIMIT >= 1"
             )
         self.tokens()
-        if not (self.trace_export in ("off", "console") or self.trace_export.startswith("file:")):
+        if not (
+            self.trace_export in ("off", "console")
+            or (self.trace_export.startswith("file:") and self.trace_export[5:].strip())
+        ):
             raise ConfigurationError("SAGA_TRACE_EXPORT must be off, console or file:<path>")
         if self.publish_mode not in ("async", "sync"):
             raise ConfigurationError(
@@ -234,10 +251,75 @@ class Settings:
             "sample_interval",
             "sample_keep",
         ):
-            if getattr(self, name) <= 0:
+            value = getattr(self, name)
+            # nan passes every comparison below, and an infinite interval or age is "never".
+            if not math.isfinite(value):
+                raise ConfigurationError(
+                    f"{_env_name(name)}={value} must be a finite number of seconds"
+                )
+            if value <= 0:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
         if self.mark_interval >= self.relay_min_age:
             raise ConfigurationError("SAGA_MARK_INTERVAL must be below SAGA_RELAY_MIN_AGE")
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """Values that parse and look sane but switch a guarantee off without a word."""
+        for name, why in (
+            # LIMIT 0 claims nothing (no timeout fires, nothing is recovered); a negative
+            # LIMIT fails every pass.
+            ("sweep_batch", "a sweep that claims no saga never fires a timeout"),
+            ("relay_batch", "a recovery pass that claims no row never republishes one"),
+            # SQLAlchemy reads 0 as "no limit" (and the overflow as unbounded).
+            ("db_pool_size", "0 or less would mean no bound on connections"),
+            # Celery reads 0 as "unlimited": a worker would take its whole queue.
+            ("prefetch_multiplier", "0 would let a worker take its whole queue"),
+        ):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigurationError(f"{_env_name(name)}={value} must be at least 1: {why}")
+        lease_bound = math.ceil(BEAT_LEASE_MARGIN * self.beat_max_interval)
+        if self.beat_lease < lease_bound:
+            whole = (
+                ""
+                if self.beat_lease == self.beat_lock_timeout
+                else f" ({self.beat_lease} s: redbeat counts whole seconds)"
+            )
+            raise ConfigurationError(
+                f"SAGA_BEAT_LOCK_TIMEOUT={self.beat_lock_timeout}{whole} must be at least "
+                f"{lease_bound} s: {BEAT_LEASE_MARGIN} x beat's longest sleep between lease "
+                f"renewals, max({BEAT_MIN_SLEEP:g}, min(SAGA_SWEEP_INTERVAL, "
+                f"SAGA_RELAY_INTERVAL)) = {self.beat_max_interval:g} s; a shorter lease lapses "
+                "while beat sleeps or works, and beat stops with LockNotOwnedError"
+            )
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigurationError(
+                f"SAGA_METRICS_PORT={self.metrics_port} must be 0 (none) or a port, 0 to 65535"
+            )
+        if self.sample_keep < 2 * self.sample_interval:
+            raise ConfigurationError(
+                f"SAGA_SAMPLE_KEEP={self.sample_keep} must be at least 2 x SAGA_SAMPLE_INTERVAL "
+                f"= {2 * self.sample_interval}: a shorter keep prunes each sample before the "
+                "next, and the dashboard's counts over time stay empty"
+            )
+        if self.alert_webhook:
+            hook = urlsplit(self.alert_webhook)
+            if hook.scheme not in ("http", "https") or not hook.hostname:
+                raise ConfigurationError(
+                    "SAGA_ALERT_WEBHOOK must be an http(s) URL with a host (or empty): the "
+                    "alert scan would fail on every pass and send no alert at all"
+                )
+
+    @property
+    def beat_max_interval(self) -> float:
+        """Beat's longest sleep between two ticks (Celery's ``beat_max_loop_interval``):
+        redbeat renews its lease once per tick, so at least this often."""
+        return max(BEAT_MIN_SLEEP, min(self.sweep_interval, self.relay_interval))
+
+    @property
+    def beat_lease(self) -> int:
+        """``SAGA_BEAT_LOCK_TIMEOUT`` as redbeat uses it: whole seconds."""
+        return int(self.beat_lock_timeout)
 
     def tokens(self) -> dict[str, str]:
         """``SAGA_API_TOKENS`` as token -> actor."""

@@ -112,8 +112,9 @@ def build_celery(saga_app: SagaApp) -> Celery:
         beat_scheduler="redbeat.RedBeatScheduler",
         redbeat_redis_url=settings.result_backend,
         redbeat_key_prefix=beat_key_prefix(settings),
-        redbeat_lock_timeout=int(max(settings.beat_lock_timeout, 2)),
-        beat_max_loop_interval=max(1.0, min(settings.sweep_interval, settings.relay_interval)),
+        # Settings refuse a lease shorter than a few of these sleeps (BEAT_LEASE_MARGIN).
+        redbeat_lock_timeout=settings.beat_lease,
+        beat_max_loop_interval=settings.beat_max_interval,
     )
     celery.saga_app = saga_app  # type: ignore[attr-defined]
     celery.steps["consumer"].add(DeclareTopology)
