@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import secrets
 from typing import Annotated, Any, Literal
 
@@ -11,8 +9,7 @@ from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from saga_tasks.app import SagaApp
@@ -28,8 +25,8 @@ from saga_tasks.errors import (
     UnknownSagaType,
     VersionMismatch,
 )
+from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import translated
-from saga_tasks.persistence.tables import api_idempotency
 from saga_tasks.states import SagaStatus
 
 PROBLEM = "application/problem+json"
@@ -136,6 +133,53 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def start_once(
+    app: SagaApp,
+    key: str,
+    digest: str,
+    saga_type: str,
+    body: StartRequest,
+    *,
+    traceparent: str | None,
+) -> tuple[idempotency.StoredKey, bool]:
+    """Start the saga and claim ``key`` in one transaction; what the key stands for
+    afterwards, and whether this call created the saga.
+
+    A request that finds the key claimed by another transaction (it waits until that one
+    commits) rolls its own start back, so it has written and sent nothing, and is answered
+    from the stored key like any repeat.
+    """
+    url = app.settings.database_url
+    with translated(url), Session(app.engine) as session:
+        try:
+            handle = app.start_saga(
+                saga_type, body.business_key, body.payload, session=session, traceparent=traceparent
+            )
+        except BusinessKeyConflict:
+            # The saga of this business key may come from a request with this very key
+            # (same business key, another payload): then the key is what was reused.
+            session.rollback()
+            with app.engine.connect() as conn:
+                stored = idempotency.find(conn, key)
+            if stored is None:
+                raise
+            return stored, False
+        if idempotency.claim(session.connection(), key, digest, handle.saga_id):
+            session.commit()
+            return idempotency.StoredKey(digest, handle.saga_id), handle.created
+        session.rollback()
+    with translated(url), app.engine.connect() as conn:
+        stored = idempotency.find(conn, key)
+    if stored is None:  # keys are never deleted; only a hand in the database gets here
+        raise Problem(
+            409,
+            "idempotency-key-removed",
+            "Idempotency-Key removed",
+            "the Idempotency-Key was removed while this request waited for it; send it again",
+        )
+    return stored, False
+
+
 def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
     """The operator a bearer token names (``SAGA_API_TOKENS``); 401 for anything else."""
     scheme, _, token = (authorization or "").partition(" ")
@@ -225,44 +269,37 @@ def build(app: SagaApp) -> FastAPI:
         saga_type: str = Path(min_length=1, max_length=100, json_schema_extra={"enum": saga_types}),
     ) -> StartResponse:
         """Start a saga. Repeating a request with the same ``Idempotency-Key`` returns the
-        first answer; the same key with another body is a conflict."""
-        digest = hashlib.sha256(
-            json.dumps(
-                [saga_type, body.business_key, body.payload], sort_keys=True, default=str
-            ).encode()
-        ).hexdigest()
+        first answer; the same key with another body is a conflict. One key starts at
+        most one saga, however many requests with it arrive at once."""
+        digest = idempotency.request_hash(saga_type, body.business_key, body.payload)
         with translated(app.settings.database_url), app.engine.connect() as conn:
-            seen = conn.execute(
-                select(api_idempotency).where(api_idempotency.c.key == idempotency_key)
-            ).first()
-        if seen is not None and seen.request_hash != digest:
+            stored = idempotency.find(conn, idempotency_key)  # a repeat: no start at all
+        created = False
+        if stored is None:
+            if traceparent is not None:
+                from saga_tasks.tracing import TRACEPARENT
+
+                if not TRACEPARENT.match(traceparent):
+                    traceparent = None  # a malformed header starts a new trace, as W3C asks
+            stored, created = start_once(
+                app, idempotency_key, digest, saga_type, body, traceparent=traceparent
+            )
+        if stored.request_hash != digest:
             raise Problem(
                 409,
                 "idempotency-key-reused",
                 "Idempotency-Key reused",
                 "this Idempotency-Key was used for another request",
             )
-        if traceparent is not None:
-            from saga_tasks.tracing import TRACEPARENT
-
-            if not TRACEPARENT.match(traceparent):
-                traceparent = None  # a malformed header starts a new trace, as W3C asks
-        handle = app.start_saga(saga_type, body.business_key, body.payload, traceparent=traceparent)
-        with translated(app.settings.database_url), app.engine.begin() as conn:
-            conn.execute(
-                pg_insert(api_idempotency)
-                .values(key=idempotency_key, request_hash=digest, saga_id=handle.saga_id)
-                .on_conflict_do_nothing(index_elements=["key"])
-            )
-        state = app.orchestrator.get(handle.saga_id)
+        state = app.orchestrator.get(stored.saga_id)
         return StartResponse(
-            saga_id=handle.saga_id,
-            saga_type=handle.saga_type,
-            business_key=handle.business_key,
-            correlation_id=state.correlation_id or handle.saga_id,
+            saga_id=state.saga_id,
+            saga_type=state.saga_type,
+            business_key=state.business_key,
+            correlation_id=state.correlation_id or state.saga_id,
             status=state.status,
-            created=handle.created and seen is None,
-            status_url=str(request.url_for("get_saga", saga_id=handle.saga_id)),
+            created=created,
+            status_url=str(request.url_for("get_saga", saga_id=state.saga_id)),
         )
 
     @web.get("/sagas/{saga_id}", tags=["sagas"], name="get_saga")
