@@ -66,7 +66,10 @@ H_PARKED_REASON = "saga_parked_reason"
 H_PARKED_FROM = "saga_parked_from"
 H_HELD_AT = "saga_held_at"
 H_REPLAYED_FROM = "saga_replayed_from"
-_TRANSIENT = (H_DEAD_REASON, H_DEAD_FROM, H_PARKED_REASON, H_PARKED_FROM, H_HELD_AT)
+H_OUTAGE = "saga_outage"
+"""Times a message was sent back for an outage of our database (``tasks.failures``):
+picks its delay tier; never a retry, and dropped from any other copy of the message."""
+_TRANSIENT = (H_DEAD_REASON, H_DEAD_FROM, H_PARKED_REASON, H_PARKED_FROM, H_HELD_AT, H_OUTAGE)
 
 
 def clean_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -5,8 +5,9 @@
 | ``TransientError``, a lost race           | delayed retry through the TTL retry queues, one     |
 |                                           | tier per retry (``saga_retry`` header counts them); |
 |                                           | tiers spent: dead-letter queue                      |
-| our database away (``ServiceUnavailable``)| back to its queue after a pause, as long as it lasts|
-|                                           | (an outage is nobody's message's fault)             |
+| our database away (``ServiceUnavailable``:| a copy back to its queue through a delay tier, as   |
+| refused, lost, lock or statement timeout) | long as it lasts; never counted as a retry, a       |
+|                                           | redelivery or a quorum delivery (see ``_outage``)   |
 | ``BusinessRejection``                     | a failure reply (in the participant runtime)        |
 | a message that makes no sense             | recorded, then parked with its reason               |
 | any other exception                       | ``SAGA_UNKNOWN_ERROR_RETRIES`` retries, then the    |
@@ -25,16 +26,16 @@ the intake moves it into the database and tells its saga.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore, Reject
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from saga_tasks.errors import InvalidMessage, SagaTasksError, ServiceUnavailable
-from saga_tasks.holding import DEAD_LETTER, PARKING, clean_headers, hold
+from saga_tasks import metrics
+from saga_tasks.errors import InvalidMessage, PublishFailed, SagaTasksError, ServiceUnavailable
+from saga_tasks.holding import DEAD_LETTER, H_OUTAGE, PARKING, clean_headers, hold
 from saga_tasks.messages import H_SAGA_ID, OutboundMessage
 from saga_tasks.messaging.topology import retry_queue
 from saga_tasks.persistence.db import translated
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("saga_tasks.failures")
 
 H_RETRY = "saga_retry"
-OUTAGE_PAUSE = 1.0
-"""Seconds a worker waits before handing back a message it could not handle for an outage."""
 
 
 class Parked(Exception):
@@ -75,6 +74,14 @@ def _fields(request: Any) -> dict[str, Any]:
     return {"saga_id": (request.headers or {}).get(H_SAGA_ID), "message_id": request.id}
 
 
+def _header_count(request: Any, header: str) -> int:
+    """A count we put in a header; anything else there (or nothing) reads as 0."""
+    try:
+        return max(int((request.headers or {}).get(header) or 0), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def _count_redelivery(app: SagaApp, consumer: str, message_id: str) -> int:
     insert = pg_insert(redelivery).values(consumer=consumer, message_id=message_id, count=1)
     upsert = insert.on_conflict_do_update(
@@ -94,7 +101,8 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
         try:
             count = _count_redelivery(app, queue, request.id)
         except ServiceUnavailable as exc:
-            _pause_and_requeue(exc, request)
+            _outage(app, request, queue, exc)
+            raise Ignore() from exc  # acked: the copy sent back is what remains
         if count > settings.poison_limit:
             reason = f"poison: redelivered {count} times, its worker died each time"
             log.error("dead-lettering a poison message: %s", reason, extra=_fields(request))
@@ -108,9 +116,9 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
         hold(app, _message(request, queue), holding=PARKING, reason=parked.reason, from_queue=queue)
         log.warning("message parked: %s", parked.reason, extra=_fields(request))
     except ServiceUnavailable as exc:
-        _pause_and_requeue(exc, request)
+        _outage(app, request, queue, exc)
     except Exception as exc:
-        retries = int((request.headers or {}).get(H_RETRY) or 0)
+        retries = _header_count(request, H_RETRY)
         retryable = isinstance(exc, SagaTasksError) and exc.retryable
         limit = len(settings.retry_delays) if retryable else settings.unknown_error_retries
         what = (
@@ -120,13 +128,9 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
         )
         if retries < limit:
             delay = settings.retry_delays[min(retries, len(settings.retry_delays) - 1)]
-            target = retry_queue(queue, delay)
-            copy = _message(request, target, {H_RETRY: retries + 1})
-            result = app.publisher.publish(
-                [OutboundMessage(**{**copy.__dict__, "routing_key": target})]
-            )
-            if result.error is not None:
-                raise Reject(str(result.error), requeue=True) from exc
+            error = _send_back(app, request, queue, delay=delay, extra={H_RETRY: retries + 1})
+            if error is not None:
+                raise Reject(str(error), requeue=True) from exc
             log.warning(
                 "retry %d of %d in %d s after %s",
                 retries + 1,
@@ -141,11 +145,53 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
         hold(app, _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue)
 
 
-def _pause_and_requeue(exc: ServiceUnavailable, request: Any) -> NoReturn:
-    """An outage: give the message back after a pause, so it is no hot loop and no loss."""
-    log.warning("%s; message requeued", exc, extra=_fields(request))
-    time.sleep(OUTAGE_PAUSE)
-    raise Reject(str(exc), requeue=True) from exc
+def _send_back(
+    app: SagaApp, request: Any, queue: str, *, delay: int, extra: dict[str, Any]
+) -> PublishFailed | None:
+    """Publish a copy of the message to ``queue``'s retry tier of ``delay`` seconds
+    (confirmed), back in ``queue`` after the delay; the caller then acks the original.
+    The broker's error if it refused the copy: only then is the original handed back
+    to it (``Reject(requeue=True)``), as nothing else can keep it."""
+    target = retry_queue(queue, delay)
+    copy = _message(request, target, extra)
+    result = app.publisher.publish([OutboundMessage(**{**copy.__dict__, "routing_key": target})])
+    if result.error is not None:
+        log.error("could not send the message back: %s", result.error, extra=_fields(request))
+    return result.error
+
+
+def _outage(app: SagaApp, request: Any, queue: str, exc: ServiceUnavailable) -> None:
+    """Our database is away (refused, lost, or a lock or statement timeout): send a copy
+    of the message back through a delay tier and ack the original.
+
+    An outage is nobody's message's fault, so it must spend none of the message's
+    budgets. Handing the message back to the broker would: ``basic.reject``/``nack``
+    with requeue sets ``redelivered`` (our poison counter counts that) and, on a quorum
+    queue, counts toward ``x-delivery-limit`` (RabbitMQ 3.10 counts every return:
+    requeue and a closed channel alike), so a few pauses dead-letter it. Keeping the
+    message unacked in the worker until the database answers is no way out either: a
+    long outage outlasts ``consumer_timeout`` (or, with the solo pool, the heartbeat)
+    and the broker takes the message back, counted. A copy published with
+    confirmation is a new delivery: not redelivered, delivery count 0, our retry count
+    (``saga_retry``) unchanged. The delay grows with each outage hop (``saga_outage``)
+    up to the last tier, so a long outage costs one delivery a tier, not a hot loop.
+    If the worker dies between the confirm and the ack, the consumer's inbox or
+    ledger takes the duplicate, as for any retry.
+    """
+    hops = _header_count(request, H_OUTAGE)
+    delays = app.settings.retry_delays
+    delay = delays[min(hops, len(delays) - 1)]
+    error = _send_back(app, request, queue, delay=delay, extra={H_OUTAGE: hops + 1})
+    if error is not None:
+        raise Reject(str(error), requeue=True) from exc
+    metrics.MESSAGES.labels(consumer=queue, classification="outage_deferred").inc()
+    log.warning(
+        "%s; the message comes back in %d s (outage hop %d; not counted as a retry or a delivery)",
+        exc,
+        delay,
+        hops + 1,
+        extra=_fields(request),
+    )
 
 
 def forget_redeliveries(app: SagaApp, older_than_seconds: float = 86400.0) -> int:
@@ -160,4 +206,4 @@ def forget_redeliveries(app: SagaApp, older_than_seconds: float = 86400.0) -> in
         return int(conn.execute(stmt).rowcount)
 
 
-__all__ = ["H_RETRY", "Parked", "failure_policy", "forget_redeliveries"]
+__all__ = ["H_OUTAGE", "H_RETRY", "Parked", "failure_policy", "forget_redeliveries"]

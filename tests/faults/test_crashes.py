@@ -121,7 +121,7 @@ def test_database_away_requeues_replies_and_loses_nothing(order_app, workers, is
     workers.participants()
     handle = order_app.start_saga("order", "outage-1", ORDER)
     wait_for(
-        lambda: "message requeued" in cut_off.log_text(),
+        lambda: "the message comes back in" in cut_off.log_text(),
         timeout=30,
         describe="the orchestrator without its database to requeue the reply",
     )
