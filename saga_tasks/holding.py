@@ -28,9 +28,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from saga_tasks.errors import ActionRefused, InputError
+from saga_tasks import metrics
+from saga_tasks.errors import ActionRefused, ConcurrencyConflict, InputError, ServiceUnavailable
 from saga_tasks.events import DeadLettered
 from saga_tasks.messages import (
     H_COMMAND_ID,
@@ -46,7 +48,7 @@ from saga_tasks.messaging.topology import (
     PARKING_EXCHANGE,
     PARKING_QUEUE,
 )
-from saga_tasks.persistence import sagas
+from saga_tasks.persistence import sagas, storable
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, held_message, inbox, saga_outbox
 from saga_tasks.states import TERMINAL_SAGA, MessageKind, StepStatus
@@ -69,7 +71,17 @@ H_REPLAYED_FROM = "saga_replayed_from"
 H_OUTAGE = "saga_outage"
 """Times a message was sent back for an outage of our database (``tasks.failures``):
 picks its delay tier; never a retry, and dropped from any other copy of the message."""
-_TRANSIENT = (H_DEAD_REASON, H_DEAD_FROM, H_PARKED_REASON, H_PARKED_FROM, H_HELD_AT, H_OUTAGE)
+H_STORED_ESCAPED = "saga_stored_escaped"
+"""In a held message's stored headers: what was escaped (or reduced) to store it."""
+_TRANSIENT = (
+    H_DEAD_REASON,
+    H_DEAD_FROM,
+    H_PARKED_REASON,
+    H_PARKED_FROM,
+    H_HELD_AT,
+    H_OUTAGE,
+    H_STORED_ESCAPED,
+)
 
 
 def clean_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -152,17 +164,44 @@ class IntakeReport:
     fed_to_sagas: int
 
 
+INTAKE = "intake"
+"""The ``consumer`` label of the intake's metrics."""
+
+
 def intake(app: SagaApp, holding: str, *, limit: int = 500) -> IntakeReport:
-    """Move up to ``limit`` messages from a holding queue into the database."""
+    """Move up to ``limit`` messages from a holding queue into the database.
+
+    Every message leaves the queue once it is stored: as it arrived; escaped, when a
+    value in it cannot be stored as it is (the reason says so); without being fed to
+    its saga, when its saga cannot take it (the reason and the saga's history say
+    why); or, if even that fails, reduced to what can be stored. A message is left
+    in the queue only while the database is away (``ServiceUnavailable``, which ends
+    the pass) or, after all of the above failed, with an error logged; in both cases
+    the messages behind it are still taken.
+    """
     from saga_tasks.messaging.taker import take
 
     queue = HOLDINGS[holding]
     counts = {"recorded": 0, "fed": 0}
 
-    def handle(message: RawMessage) -> None:
-        was_new, was_fed = _take(app, holding, message)
+    def handle(message: RawMessage) -> bool:
+        try:
+            was_new, was_fed = _take(app, holding, message)
+        except (ServiceUnavailable, ConcurrencyConflict):
+            raise  # the database is away or busy: the message waits for the next pass
+        except Exception:
+            # Every storable form was refused: a bug. Leave the message (unacked, so it
+            # returns to the queue) and take the ones behind it.
+            metrics.MESSAGES.labels(consumer=INTAKE, classification="held_left").inc()
+            log.exception(
+                "a held message could not be stored in any form; left in %s",
+                queue,
+                extra=_log_fields(message.headers),
+            )
+            return False
         counts["recorded"] += was_new
         counts["fed"] += was_fed
+        return True
 
     taken = take(app.settings.broker_url, queue, handle, limit=limit)
     if taken:
@@ -171,9 +210,24 @@ def intake(app: SagaApp, holding: str, *, limit: int = 500) -> IntakeReport:
 
 
 def _take(app: SagaApp, holding: str, message: RawMessage) -> tuple[bool, bool]:
-    headers = _jsonable(dict(message.headers))
-    body = message.body
+    """Store one held message (and feed a dead letter to its saga): (new, fed)."""
+    raw_headers = storable.plain(dict(message.headers))
+    headers = storable.storable(raw_headers)
+    escaped = storable.escaped_keys(raw_headers, headers)
+    content_type = storable.optional_text(message.content_type)
+    content_encoding = storable.optional_text(message.content_encoding)
+    if content_type != message.content_type:
+        escaped.append("content_type")
+    if content_encoding != message.content_encoding:
+        escaped.append("content_encoding")
     facts = _facts(holding, headers)
+    if escaped:
+        # What a replay would send is no longer what arrived: replay_checks blocks it.
+        headers[H_STORED_ESCAPED] = ", ".join(escaped)[:500]
+        facts["reason"] = (
+            f"{facts['reason']}; stored escaped: NUL or invalid characters in {', '.join(escaped)}"
+        )[:1000]
+    body = message.body
     key = hashlib.sha256(
         json.dumps(
             [facts["message_id"], headers.get("x-death"), headers.get(H_HELD_AT)], default=str
@@ -186,52 +240,74 @@ def _take(app: SagaApp, holding: str, message: RawMessage) -> tuple[bool, bool]:
             raise UnicodeDecodeError("utf-8", body, 0, 1, "NUL byte")
     except UnicodeDecodeError:
         text_body, is_b64 = base64.b64encode(body).decode(), True
-    saga_id = facts["saga_id"]
+    values = {
+        "holding": holding,
+        "delivery_key": key,
+        "message_id": facts["message_id"],
+        "step": facts["step"],
+        "kind": facts["kind"],
+        "task_name": storable.optional_text(headers.get("task")),
+        "original_queue": facts["queue"],
+        "original_routing_key": facts["routing_key"],
+        "original_exchange": facts["exchange"],
+        "reason": facts["reason"],
+        "death_count": facts["death_count"],
+        "first_death_at": facts["first_death_at"],
+        "last_death_at": facts["last_death_at"],
+        "content_type": content_type,
+        "content_encoding": content_encoding,
+        "headers": headers,
+        "body": text_body,
+        "body_base64": is_b64,
+    }
+    if escaped:
+        metrics.MESSAGES.labels(consumer=INTAKE, classification="held_escaped").inc()
+        log.warning(
+            "held message stored escaped: %s", ", ".join(escaped), extra=_log_fields(headers)
+        )
+    try:
+        return _store(app, holding, values, facts)
+    except (ServiceUnavailable, ConcurrencyConflict):
+        raise
+    except Exception as exc:
+        # Not storable even escaped (a number out of range, a bug): keep what surely is.
+        why = f"{type(exc).__name__}: {_first_line(exc)}"
+        metrics.MESSAGES.labels(consumer=INTAKE, classification="held_reduced").inc()
+        log.error("held message stored reduced: %s", why, exc_info=True, extra=_log_fields(headers))
+        reduced = {
+            "holding": holding,
+            "delivery_key": key,
+            "reason": f"{facts['reason']}; stored reduced: {why}"[:1000],
+            "headers": {H_STORED_ESCAPED: f"reduced: {why}"[:500]},
+            "body": base64.b64encode(body).decode(),
+            "body_base64": True,
+        }
+        return _store(app, holding, reduced, None)
+
+
+def _store(
+    app: SagaApp, holding: str, values: dict[str, Any], facts: Mapping[str, Any] | None
+) -> tuple[bool, bool]:
+    """Insert the row; feed a dead letter to its saga, or note a parked one on it."""
+    saga_id = facts["saga_id"] if facts is not None else None
     messages: list[OutboundMessage] = []
+    fed = False
     with translated(app.settings.database_url), app.engine.begin() as conn:
         if saga_id is not None and sagas.load(conn, saga_id) is None:
             saga_id = None
         row = conn.execute(
             pg_insert(held_message)
-            .values(
-                holding=holding,
-                delivery_key=key,
-                message_id=facts["message_id"],
-                saga_id=saga_id,
-                step=facts["step"],
-                kind=facts["kind"],
-                task_name=headers.get("task"),
-                original_queue=facts["queue"],
-                original_routing_key=facts["routing_key"],
-                original_exchange=facts["exchange"],
-                reason=facts["reason"],
-                death_count=facts["death_count"],
-                first_death_at=facts["first_death_at"],
-                last_death_at=facts["last_death_at"],
-                content_type=message.content_type,
-                content_encoding=message.content_encoding,
-                headers=headers,
-                body=text_body,
-                body_base64=is_b64,
-            )
+            .values(**values, saga_id=saga_id)
             .on_conflict_do_nothing(constraint="uq_held_delivery")
             .returning(held_message.c.id)
         ).first()
         if row is None:
             return False, False  # taken before, and acked too late: nothing more to do
-        fed = False
-        if saga_id is not None and holding == DEAD_LETTER and facts["kind"] is not None:
-            event = DeadLettered(
-                kind=MessageKind(facts["kind"]),
-                step=facts["step"],
-                command_id=facts["command_id"],
-                message_id=facts["message_id"] or f"held-{row.id}",
-                reason=facts["reason"],
-                held_id=row.id,
-            )
-            messages = app.orchestrator.dead_lettered(conn, saga_id, event)
-            fed = True
-        elif saga_id is not None:
+        if facts is None or saga_id is None:
+            pass
+        elif holding == DEAD_LETTER and facts["kind"] is not None:
+            messages, fed = _feed(app, conn, saga_id, row.id, facts)
+        else:
             sagas.append_note_if_exists(
                 conn,
                 saga_id,
@@ -247,10 +323,69 @@ def _take(app: SagaApp, holding: str, message: RawMessage) -> tuple[bool, bool]:
     return True, fed
 
 
+def _feed(
+    app: SagaApp, conn: Connection, saga_id: str, held_id: int, facts: Mapping[str, Any]
+) -> tuple[list[OutboundMessage], bool]:
+    """Tell the saga about its dead letter, in a savepoint: if the saga cannot take it
+    (its definition version is not loaded, its decision fails), the held message stays
+    recorded with why, and the saga's history says so; the intake goes on."""
+    event = DeadLettered(
+        kind=MessageKind(facts["kind"]),
+        step=facts["step"],
+        command_id=facts["command_id"],
+        message_id=facts["message_id"] or f"held-{held_id}",
+        reason=facts["reason"],
+        held_id=held_id,
+    )
+    try:
+        with conn.begin_nested():
+            return app.orchestrator.dead_lettered(conn, saga_id, event), True
+    except (
+        sa_exc.OperationalError,
+        sa_exc.InterfaceError,
+        ServiceUnavailable,
+        ConcurrencyConflict,
+    ):
+        raise  # the database, not the saga: the whole message waits for the next pass
+    except Exception as error:
+        why = f"{type(error).__name__}: {_first_line(error)}"
+        fields = {"saga_id": saga_id, "message_id": facts["message_id"], "held_id": held_id}
+        metrics.MESSAGES.labels(consumer=INTAKE, classification="held_not_fed").inc()
+        log.error("a dead letter could not be fed to its saga: %s", why, exc_info=True,
+                  extra=fields)  # fmt: skip
+        conn.execute(
+            update(held_message)
+            .where(held_message.c.id == held_id)
+            .values(reason=f"{facts['reason']}; not fed to its saga: {why}"[:1000])
+        )
+        sagas.append_note_if_exists(
+            conn,
+            saga_id,
+            event="dead_letter_not_fed",
+            reason=f"held message {held_id} could not be fed to the saga: {why}"[:1000],
+            message_id=facts["message_id"],
+            now=app.clock.now(),
+        )
+        return [], False
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return storable.text(lines[0] if lines else "")[:300]
+
+
+def _log_fields(headers: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "saga_id": storable.optional_text(headers.get(H_SAGA_ID)),
+        "message_id": storable.optional_text(headers.get("id")),
+    }
+
+
 def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
-    deaths = headers.get("x-death") or []
-    latest = deaths[0] if deaths else {}
-    times = [d.get("time") for d in deaths if d.get("time")]
+    """What the headers (already storable) tell of a held message; never raises."""
+    deaths = [d for d in _as_list(headers.get("x-death")) if isinstance(d, Mapping)]
+    latest: Mapping[str, Any] = deaths[0] if deaths else {}
+    times = [t for t in (_when(d.get("time")) for d in deaths) if t is not None]
     kind = headers.get(H_KIND)
     if kind not in {k.value for k in MessageKind}:
         kind = None
@@ -268,52 +403,59 @@ def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
         else:
             first = headers.get("x-first-death-reason") or latest.get("reason") or "unknown"
             reason = f"{first} by the broker"
-            if int(headers.get("retries") or 0):
+            if _count(headers.get("retries")):
                 # Celery re-sends a task whose pool child was lost, then lets it die here.
                 reason += f" after {headers['retries']} re-sends for lost worker processes"
         queue = headers.get(H_DEAD_FROM) or latest.get("queue")
-    routing_keys = latest.get("routing-keys") or []
+    routing_keys = _as_list(latest.get("routing-keys"))
+    queue = storable.optional_text(queue)
     return {
-        "message_id": headers.get("id"),
+        "message_id": storable.optional_text(headers.get("id")),
         "saga_id": saga_id,
-        "step": headers.get(H_STEP),
+        "step": storable.optional_text(headers.get(H_STEP)),
         "kind": kind,
         # A reply's command id names the command it answers; it is not the dead message's.
-        "command_id": headers.get(H_COMMAND_ID) if kind != MessageKind.REPLY.value else None,
+        "command_id": storable.optional_text(headers.get(H_COMMAND_ID))
+        if kind != MessageKind.REPLY.value
+        else None,
         "reply_to_kind": headers.get(H_REPLY_TO_KIND),
         "reason": reason[:500],
         "queue": queue,
-        "routing_key": routing_keys[0] if routing_keys else queue,
-        "exchange": latest.get("exchange"),
-        "death_count": max(
-            int(sum(int(d.get("count", 0)) for d in deaths)), int(headers.get("saga_retry") or 0)
+        "routing_key": storable.optional_text(routing_keys[0]) if routing_keys else queue,
+        "exchange": storable.optional_text(latest.get("exchange")),
+        "death_count": min(
+            max(sum(_count(d.get("count")) for d in deaths), _count(headers.get("saga_retry"))),
+            _INT_MAX,
         ),
-        "first_death_at": _when(min(times)) if times else None,
-        "last_death_at": _when(max(times)) if times else None,
+        "first_death_at": min(times) if times else None,
+        "last_death_at": max(times) if times else None,
     }
+
+
+_INT_MAX = 2**31 - 1
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _count(value: Any) -> int:
+    """A count from a header: a whole number from 0 up; anything else is 0."""
+    try:
+        return min(max(int(value or 0), 0), _INT_MAX)
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def _when(value: Any) -> datetime | None:
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
+        found = value
+    else:
+        try:
+            found = datetime.fromisoformat(str(value))
+        except ValueError:
+            return None
+    return found if found.tzinfo else found.replace(tzinfo=UTC)
 
 
 # -- operators ------------------------------------------------------------------------------
@@ -349,6 +491,15 @@ def replay_checks(app: SagaApp, conn: Connection, row: Mapping[str, Any]) -> lis
             )
         )
     checks.append(Check("failure", f"held because: {row['reason']}", False))
+    stored_as = (row["headers"] or {}).get(H_STORED_ESCAPED)
+    if stored_as:
+        checks.append(
+            Check(
+                "stored",
+                f"stored escaped ({stored_as}): a replay would send that, not what arrived",
+                True,
+            )
+        )
     if not row["original_queue"]:
         checks.append(Check("destination", "its original queue is unknown", True))
     if row["holding"] == PARKING:
@@ -466,7 +617,12 @@ def replay(
                 from saga_tasks.events import OperatorAction, OperatorVerb
 
                 action = OperatorAction(
-                    OperatorVerb.REPLAY, actor, f"held message {held_id}: {said}", step=row["step"]
+                    OperatorVerb.REPLAY,
+                    actor,
+                    f"held message {held_id}: {said}",
+                    step=row["step"],
+                    message_kind=_kind(row["kind"]),
+                    command_id=(row["headers"] or {}).get(H_COMMAND_ID),
                 )
                 messages, _ = app.orchestrator.act_in(
                     conn, str(row["saga_id"]), action, expect_version=expect_version
@@ -567,3 +723,10 @@ def _note(
             detail={"held_id": row["id"]},
         )
     )
+
+
+def _kind(value: Any) -> MessageKind | None:
+    try:
+        return MessageKind(value)
+    except ValueError:
+        return None

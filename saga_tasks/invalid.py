@@ -2,6 +2,9 @@
 
 Only identifying headers are kept; the body is kept as a digest and a size, so a
 record never copies payload data (which may hold personal data) out of its message.
+Whatever came from the message is escaped where PostgreSQL could not store it
+(``persistence.storable``): a NUL in a task name or an id is a reason to record the
+message, never a reason to fail recording it.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from typing import Any
 from sqlalchemy import Engine
 
 from saga_tasks import metrics
-from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.errors import InputError, ServiceUnavailable
 from saga_tasks.messages import SAGA_HEADERS
-from saga_tasks.persistence import inbox
+from saga_tasks.persistence import inbox, storable
 from saga_tasks.persistence.db import translated
 
 log = logging.getLogger("saga_tasks.invalid")
@@ -26,11 +29,11 @@ _KEPT_HEADERS = SAGA_HEADERS | {"task", "id", "x-first-death-reason", "x-first-d
 
 
 def safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The identifying headers only, each value cut to a printable, bounded string."""
+    """The identifying headers only, each value cut to a bounded, storable string."""
     kept: dict[str, Any] = {}
     for key, value in (headers or {}).items():
         if key in _KEPT_HEADERS:
-            kept[key] = value if isinstance(value, int) else str(value)[:200]
+            kept[key] = value if isinstance(value, int) else storable.text(str(value))[:200]
     return kept
 
 
@@ -38,7 +41,7 @@ def body_digest(body: Any) -> tuple[str | None, int | None]:
     if body is None:
         return None, None
     if isinstance(body, str):
-        raw = body.encode()
+        raw = body.encode("utf-8", "surrogatepass")
     elif isinstance(body, bytes | bytearray | memoryview):
         raw = bytes(body)
     else:
@@ -58,35 +61,55 @@ def record(
     queue: str | None = None,
     routing_key: str | None = None,
 ) -> None:
-    """Write the record in its own transaction; log loudly if even that fails."""
+    """Write the record in its own transaction; log loudly if even that fails.
+
+    Every value is escaped where PostgreSQL could not store it. Should the row still be
+    refused (a bug), a reduced row (no headers, no ids, the refusal in its reason) is
+    written instead; only an outage (``ServiceUnavailable``) is raised.
+    """
     headers_kept = safe_headers(headers)
     saga_id = headers_kept.get("saga_id")
     digest, size = body_digest(body)
+    task_name = storable.optional_text(task_name)
+    message_id = storable.optional_text(message_id)
+    reason = storable.text(reason)
     metrics.INVALID_MESSAGES.labels(consumer=consumer).inc()
     metrics.MESSAGES.labels(consumer=consumer, classification="invalid").inc()
-    log.warning(
-        "invalid message: %s",
-        reason,
-        extra={"saga_id": saga_id, "message_id": message_id, "consumer": consumer, "queue": queue},
-    )
+    fields = {"saga_id": saga_id, "message_id": message_id, "consumer": consumer, "queue": queue}
+    log.warning("invalid message: %s", reason, extra=fields)
+    row: dict[str, Any] = {
+        "consumer": storable.text(consumer),
+        "reason": reason,
+        "queue": storable.optional_text(queue),
+        "routing_key": storable.optional_text(routing_key),
+        "task_name": task_name,
+        "message_id": message_id,
+        "saga_id": str(saga_id) if saga_id else None,
+        "headers": headers_kept,
+        "body_sha256": digest,
+        "body_size": size,
+    }
     try:
-        with translated(engine.url), engine.begin() as conn:
-            inbox.record_invalid(
-                conn,
-                consumer=consumer,
-                reason=reason,
-                queue=queue,
-                routing_key=routing_key,
-                task_name=task_name,
-                message_id=message_id,
-                saga_id=str(saga_id) if saga_id else None,
-                headers=headers_kept,
-                body_sha256=digest,
-                body_size=size,
+        try:
+            _write(engine, row)
+        except InputError as refused:
+            log.exception("invalid message refused by the database; recorded reduced", extra=fields)
+            reduced = dict.fromkeys(("queue", "routing_key", "task_name", "message_id"))
+            _write(
+                engine,
+                {
+                    **row,
+                    **reduced,
+                    "saga_id": None,
+                    "headers": {},
+                    "reason": f"{reason}; recorded reduced: {refused}"[:1000],
+                },
             )
     except ServiceUnavailable:
-        log.exception(
-            "could not record an invalid message; it is dropped after this log line",
-            extra={"saga_id": saga_id, "message_id": message_id, "consumer": consumer},
-        )
+        log.exception("could not record an invalid message", extra=fields)
         raise
+
+
+def _write(engine: Engine, row: dict[str, Any]) -> None:
+    with translated(engine.url), engine.begin() as conn:
+        inbox.record_invalid(conn, **row)

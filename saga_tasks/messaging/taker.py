@@ -22,24 +22,30 @@ class RawMessage:
     body: bytes
 
 
-def take(broker_url: str, queue: str, handle: Callable[[RawMessage], None], *, limit: int) -> int:
-    """Hand up to ``limit`` messages of ``queue`` to ``handle``; ack each after it returns.
+def take(
+    broker_url: str, queue: str, handle: Callable[[RawMessage], bool | None], *, limit: int
+) -> int:
+    """Hand up to ``limit`` messages of ``queue`` to ``handle``; ack each after it returns;
+    the number acked.
 
-    If ``handle`` raises, that message is not acked (the broker keeps it) and the
-    error propagates: nothing taken is ever lost.
+    If ``handle`` returns False, that message is left: not acked, it goes back to the
+    queue when this pass ends, and the next message is handed over. If ``handle``
+    raises, that message is not acked (the broker keeps it) and the error propagates:
+    nothing taken is ever lost.
     """
-    taken = 0
+    taken = tried = 0
     try:
         with Connection(broker_url, connect_timeout=5) as broker:
             channel: Any = broker.channel()
             try:
-                while taken < limit:
+                while tried < limit:
+                    tried += 1
                     message = channel.basic_get(queue=queue, no_ack=False)
                     if message is None:
                         break
                     properties = dict(getattr(message, "properties", {}) or {})
                     body = message.body
-                    handle(
+                    handled = handle(
                         RawMessage(
                             headers=dict(message.headers or {}),
                             content_type=properties.get("content_type"),
@@ -47,6 +53,8 @@ def take(broker_url: str, queue: str, handle: Callable[[RawMessage], None], *, l
                             body=body if isinstance(body, bytes) else str(body).encode(),
                         )
                     )
+                    if handled is False:
+                        continue
                     channel.basic_ack(message.delivery_tag)
                     taken += 1
             finally:

@@ -4,8 +4,10 @@ Celery logs and acks an undecodable body, and rejects a message with no task nam
 or an unknown one; none of that reaches our tasks. Here each of those is written
 to ``saga.invalid_message`` with its reason (and counted), parked as it arrived
 (bytes and headers, with the reason) and then acked, so the worker keeps running
-and an operator can see and replay what arrived. If even that fails, the message
-is rejected into the dead-letter queue instead of being dropped.
+and an operator can see and replay what arrived. A message that cannot be parked is
+rejected into the dead-letter queue instead of being dropped; once parked it is acked
+even if the record cannot be written (the parked copy is what remains; a second copy
+in the dead-letter queue would be a duplicate).
 
 Protocol 2 defers decoding to the pool; the body is decoded once here first so an
 unparseable one is caught before it becomes an anonymous task failure.
@@ -27,8 +29,9 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from saga_tasks import invalid
+from saga_tasks import invalid, metrics
 from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.persistence import storable
 
 log = logging.getLogger("saga_tasks.consumer")
 
@@ -78,10 +81,18 @@ class SagaConsumer(ImmediateAckConsumer):
         self._record(message, f"invalid task message: {_short(exc)}")
 
     def _record(self, message: Any, reason: str) -> None:
+        """Park the message as it arrived, record it, ack it. If it cannot be parked it
+        is rejected into the dead-letter queue; once parked it is acked whatever the
+        record does (the parked copy is what remains, and the intake stores it)."""
         headers = getattr(message, "headers", None)
         headers = headers if isinstance(headers, dict) else {}
         delivery = getattr(message, "delivery_info", None) or {}
         saga_app = getattr(self.app, "saga_app", None)
+        fields = {
+            "saga_id": storable.optional_text(headers.get("saga_id")),
+            "message_id": storable.optional_text(headers.get("id")),
+        }
+        queue = None
         try:
             if saga_app is None:
                 raise ServiceUnavailable("saga app", "-", "worker has no saga app attached")
@@ -103,20 +114,29 @@ class SagaConsumer(ImmediateAckConsumer):
                 reason=reason,
                 from_queue=queue or str(delivery.get("routing_key") or "?"),
             )
+        except Exception:
+            # The broker away, or headers it will not take back: the original goes to the
+            # dead-letter queue as it is, where the intake records it.
+            log.exception("invalid message could not be parked; dead-lettering it", extra=fields)
+            message.reject_log_error(log, self._connection_errors(), requeue=False)
+            return
+        try:
             invalid.record(
                 saga_app.engine,
                 consumer=f"worker {getattr(self, 'hostname', '?')}",
                 reason=reason,
+                queue=queue,
                 routing_key=delivery.get("routing_key"),
                 task_name=str(headers.get("task"))[:200] if headers.get("task") else None,
                 message_id=str(headers.get("id"))[:200] if headers.get("id") else None,
                 headers=headers,
                 body=getattr(message, "body", None),
             )
-        except ServiceUnavailable:
-            log.exception("invalid message could not be recorded; dead-lettering it instead")
-            message.reject_log_error(log, self._connection_errors(), requeue=False)
-            return
+        except Exception:
+            # Parked already: rejecting now would hold a second copy. The intake records
+            # the parked one; this line says the invalid-message record is missing.
+            metrics.MESSAGES.labels(consumer="worker", classification="invalid_unrecorded").inc()
+            log.exception("invalid message parked but not recorded", extra=fields)
         message.ack_log_error(log, self._connection_errors())
 
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
