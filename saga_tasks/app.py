@@ -24,7 +24,7 @@ from saga_tasks.clock import Clock, SystemClock
 from saga_tasks.config import Settings
 from saga_tasks.definitions import SagaDefinition
 from saga_tasks.delivery import Outlet, SyncOutlet
-from saga_tasks.errors import ConfigurationError
+from saga_tasks.errors import ConfigurationError, CrossParticipantCompensation
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import Topology
 from saga_tasks.orchestration import Orchestrator, Registry, SagaHandle
@@ -61,6 +61,7 @@ class SagaApp:
         self.participants = {p.name: p for p in participants}
         if len(self.participants) != len(participants):
             raise ConfigurationError("two participants share a name")
+        _check_owners(sagas, participants)
         queues = {p.queue for p in participants} | {q for d in sagas for q in d.queues}
         self.topology = Topology(
             command_queues=tuple(sorted(queues)),
@@ -172,6 +173,33 @@ class SagaApp:
 
     def __repr__(self) -> str:
         return f"SagaApp({self.name!r}, sagas={sorted({d.saga_type for d in self.registry})})"
+
+
+def _check_owners(sagas: Sequence[SagaDefinition], participants: Sequence[Participant]) -> None:
+    """Each step's action and compensation belong to one participant, on the step's queue.
+
+    Definitions built from task names cannot check this themselves; the app knows which
+    participant handles which task.
+    """
+    owner = {h.task_name: p for p in participants for h in p.handlers.values()}
+    for d in sagas:
+        for s in d.steps:
+            doer = owner.get(s.action)
+            undoer = owner.get(s.compensation) if s.compensation else None
+            if doer is not None and undoer is not None and doer is not undoer:
+                raise CrossParticipantCompensation(
+                    d.saga_type,
+                    f"step {s.name!r}: {s.action} belongs to {doer.name} but its compensation "
+                    f"{s.compensation} to {undoer.name}; a compensation must be handled where "
+                    "its forward command ran",
+                )
+            for task, p in ((s.action, doer), (s.compensation, undoer)):
+                if p is not None and p.queue != s.queue:
+                    raise CrossParticipantCompensation(
+                        d.saga_type,
+                        f"step {s.name!r} sends {task} to {s.queue}, but {p.name} "
+                        f"consumes {p.queue}",
+                    )
 
 
 def default_app() -> SagaApp:

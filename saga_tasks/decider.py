@@ -57,8 +57,17 @@ from saga_tasks.events import (
     ReplyReceived,
     Started,
 )
-from saga_tasks.model import SagaState, StepState, command_id, message_id
+from saga_tasks.model import (
+    FENCING,
+    LATE_FAILURE,
+    LATE_SUCCESS,
+    SagaState,
+    StepState,
+    command_id,
+    message_id,
+)
 from saga_tasks.states import (
+    ACTIVE_SAGA,
     FORWARD_SUCCEEDED,
     TERMINAL_SAGA,
     Classification,
@@ -68,7 +77,7 @@ from saga_tasks.states import (
     StepStatus,
 )
 
-__all__ = ["CommandIntent", "Decision", "HistoryEntry", "decide"]
+__all__ = ["CommandIntent", "Decision", "HistoryEntry", "decide", "hand_over"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,9 @@ class CommandIntent:
     body: Mapping[str, Any]
     compensates: str | None = None
     """For a compensation: the id of the forward command it undoes."""
+    supersedes: tuple[str, ...] = ()
+    """For a compensation: the ids earlier generations of it had. The participant fences
+    them (a tombstone) and, if one of them already undid the command, runs nothing."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,22 @@ def decide(definition: SagaDefinition, state: SagaState, event: Event, now: date
     return tx.decision()
 
 
+def hand_over(state: SagaState, reason: str) -> Decision:
+    """A saga the shell could not decide (its definition is not loaded, the decider
+    failed, or it found nothing to do at a deadline that passed) goes to a person with
+    the reason, so it is never picked up again and again."""
+    after = replace(
+        state, status=SagaStatus.MANUAL_REVIEW, reason=reason, version=state.version + 1
+    )
+    entry = HistoryEntry(
+        event="manual_review",
+        saga_status_before=state.status,
+        saga_status_after=SagaStatus.MANUAL_REVIEW,
+        reason=reason,
+    )
+    return Decision(after, (), (entry,), Classification.ACCEPTED, changed=True)
+
+
 class _Transition:
     """The mutable scratch space of one decision; ``decision()`` freezes it."""
 
@@ -180,11 +208,30 @@ class _Transition:
         name = event.step
         st = self.steps[name]
         if st.command_id is None or event.command_id != st.command_id:
+            if self.superseded(name, MessageKind.COMMAND, event.command_id, st) is not None:
+                self.classification = Classification.LATE
+                self.note(
+                    "late_reply",
+                    step=name,
+                    message_id=event.message_id,
+                    reason=f"reply {event.outcome.value} to a command an operator retry superseded",
+                )
+                return
             self.invalid(
                 event, f"reply to command {event.command_id} which step {name!r} did not send"
             )
             return
         success = event.outcome is Outcome.SUCCESS
+        if st.status is StepStatus.SUCCEEDED and "skipped_by" in (st.result or {}):
+            self.classification = Classification.LATE
+            self.note(
+                "late_reply",
+                step=name,
+                message_id=event.message_id,
+                reason=f"late {event.outcome.value}: the step was done by hand; its fence "
+                "undoes the command or refuses it",
+            )
+            return
         if st.status is StepStatus.REQUESTED:
             self.changed = True
             if success:
@@ -227,22 +274,48 @@ class _Transition:
     def on_compensation_reply(self, event: ReplyReceived) -> None:
         name = event.step
         st = self.steps[name]
-        if st.compensation_id is None or event.command_id != st.compensation_id:
-            self.invalid(
-                event, f"reply to compensation {event.command_id} which step {name!r} did not send"
-            )
-            return
         success = event.outcome is Outcome.SUCCESS
-        if st.status is StepStatus.COMPENSATING:
-            self.changed = True
-            if success:
-                self.set_step(
-                    name,
-                    st.evolve(status=StepStatus.COMPENSATED, finished_at=self.now),
-                    "step_compensated",
-                    message_id=event.message_id,
+        if st.compensation_id is None or event.command_id != st.compensation_id:
+            generation = self.superseded(name, MessageKind.COMPENSATION, event.command_id, st)
+            if generation is None:
+                self.invalid(
+                    event,
+                    f"reply to compensation {event.command_id} which step {name!r} did not send",
                 )
-                self.advance(trigger="")
+            elif st.fencing and generation == st.generation - 1:
+                self.fence_answered(event, st)
+            elif success and st.status in (
+                StepStatus.COMPENSATING,
+                StepStatus.COMPENSATION_FAILED,
+            ):
+                # An earlier generation undid the step after all; the newer one, when it
+                # arrives, finds that and runs nothing.
+                self.compensation_done(
+                    event, st, "an earlier generation of the compensation undid the step"
+                )
+            else:
+                self.classification = Classification.LATE
+                self.note(
+                    "late_reply",
+                    step=name,
+                    message_id=event.message_id,
+                    reason=f"compensation reply {event.outcome.value} to an id an operator "
+                    "retry superseded",
+                )
+            return
+        if st.status is StepStatus.COMPENSATING or (
+            success
+            and st.status is StepStatus.COMPENSATION_FAILED
+            and st.error in _UNANSWERED_COMPENSATION
+        ):
+            self.changed = True
+            if success and st.status is StepStatus.COMPENSATION_FAILED:
+                # Given up for silence or a dead letter, and then answered: late, and
+                # the step is undone all the same.
+                self.classification = Classification.LATE
+                self.compensation_done(event, st, "its late answer: the step is undone")
+            elif success:
+                self.compensation_done(event, st, None)
             else:
                 self.set_step(
                     name,
@@ -254,15 +327,6 @@ class _Transition:
                 self.manual_review(
                     f"compensation of step {name!r} was refused: {_error_text(event)}"
                 )
-            return
-        if success and st.status is StepStatus.COMPENSATION_FAILED and st.error == "no_answer":
-            self.classification = Classification.LATE
-            self.note(
-                "late_reply",
-                step=name,
-                message_id=event.message_id,
-                reason="late compensation success: the step is undone; an operator can resolve",
-            )
             return
         if (success and st.status is StepStatus.COMPENSATED) or (
             not success and st.status is StepStatus.COMPENSATION_FAILED
@@ -296,7 +360,22 @@ class _Transition:
             what = "late success: the step was given up; a person must decide"
         else:
             what = "late success ignored by the step's late-reply policy"
-        self.note("late_reply", step=name, message_id=event.message_id, reason=what)
+        if st.status is StepStatus.TIMED_OUT and st.error not in (LATE_SUCCESS, LATE_FAILURE):
+            # Kept on the step, so an operator's retry takes this answer instead of
+            # asking again (the participant would only repeat it, and the inbox drop it).
+            success = event.outcome is Outcome.SUCCESS
+            self.set_step(
+                name,
+                st.evolve(
+                    error=LATE_SUCCESS if success else LATE_FAILURE,
+                    result=(event.result or {}) if success else st.result,
+                ),
+                "late_reply",
+                message_id=event.message_id,
+                reason=what,
+            )
+        else:
+            self.note("late_reply", step=name, message_id=event.message_id, reason=what)
         if (
             event.outcome is Outcome.SUCCESS
             and st.status is StepStatus.TIMED_OUT
@@ -305,9 +384,56 @@ class _Transition:
         ):
             self.manual_review(f"step {name!r} succeeded after it was given up")
 
+    def superseded(self, name: str, kind: MessageKind, cid: str, st: StepState) -> int | None:
+        """The earlier generation whose id ``cid`` is, or None when it is no id of ours."""
+        for generation in range(1, st.generation):
+            if cid == command_id(self.before.saga_id, name, kind, generation):
+                return generation
+        return None
+
+    def compensation_done(self, event: ReplyReceived, st: StepState, by: str | None) -> None:
+        """The step is undone: settle it, and go on compensating (or out of review)."""
+        name = event.step
+        self.set_step(
+            name,
+            st.evolve(status=StepStatus.COMPENSATED, finished_at=self.now, error=None),
+            "step_compensated",
+            message_id=event.message_id,
+            reason=by,
+        )
+        # In review the saga stays there (only a person takes it out); the step is
+        # settled, so ``compensate`` or ``resolve`` finds it undone.
+        self.advance(trigger="")
+
+    def fence_answered(self, event: ReplyReceived, st: StepState) -> None:
+        """The compensation sent to fence a command in flight when the step was done by hand."""
+        name = event.step
+        if event.outcome is Outcome.SUCCESS:
+            self.set_step(
+                name,
+                st.evolve(error=None, deadline=None, compensation_attempt=0),
+                "fence_confirmed",
+                message_id=event.message_id,
+                reason="the command in flight when the step was done by hand is fenced: "
+                + str((event.result or {}).get("nothing_to_undo") or "its effect was undone"),
+            )
+            self.advance(trigger="")
+            return
+        self.set_step(
+            name,
+            st.evolve(error="fence_failed", deadline=None),
+            "fence_failed",
+            message_id=event.message_id,
+            reason=_error_text(event),
+        )
+        self.manual_review(
+            f"step {name!r} was done by hand and the command then in flight could not be "
+            f"fenced ({_error_text(event)}): its effect may be doubled"
+        )
+
     def on_deadline(self) -> None:
         """Act on every deadline that has passed; a sweep that finds none changes nothing."""
-        if self.status not in (SagaStatus.RUNNING, SagaStatus.COMPENSATING):
+        if self.status not in ACTIVE_SAGA:
             return
         running = self.status is SagaStatus.RUNNING
         saga_expired = running and self.deadline is not None and self.deadline <= self.now
@@ -315,6 +441,7 @@ class _Transition:
         give_up: list[Step] = []
         resend_compensation: list[Step] = []
         exhausted: list[Step] = []
+        fences: list[Step] = []
         for s in self.definition.steps:
             st = self.steps[s.name]
             due = st.deadline is not None and st.deadline <= self.now
@@ -328,6 +455,24 @@ class _Transition:
                     resend_compensation.append(s)
                 else:
                     exhausted.append(s)
+            elif st.fencing and due:
+                fences.append(s)
+        for s in fences:
+            st = self.steps[s.name]
+            if st.compensation_attempt < s.compensation_retry.max_attempts:
+                self.send_fence(s, st, reason=f"attempt {st.compensation_attempt} had no answer")
+            else:
+                self.set_step(
+                    s.name,
+                    st.evolve(error="fence_failed", deadline=None),
+                    "fence_failed",
+                    reason=f"{st.compensation_attempt} attempts had no answer",
+                )
+                self.manual_review(
+                    f"step {s.name!r} was done by hand and the fence of the command then in "
+                    "flight had no answer: its effect may be doubled"
+                )
+                return
         if not (resend or give_up or resend_compensation or exhausted or saga_expired):
             return
         why = "the saga's deadline passed" if saga_expired else "no answer after its attempts"
@@ -498,7 +643,9 @@ class _Transition:
         if st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATION_FAILED):
             self.note("operator_retry_step", step=s.name, reason=said)
             self.set_status(SagaStatus.COMPENSATING, self.reason)
-            self.send_compensation(s, st, reason=said)
+            # A new generation: the participant runs it afresh (its ledger would repeat
+            # a refusal stored under the old id) and fences the old id.
+            self.send_compensation(s, _next_generation(st), reason=said)
             return
         forward_retry = st.status is StepStatus.REQUESTED or (
             st.status is StepStatus.TIMED_OUT and not st.compensation_id
@@ -512,8 +659,24 @@ class _Transition:
             raise ActionRefused("the saga is compensating; retry the compensation or resolve")
         self.note("operator_retry_step", step=s.name, reason=said)
         self.set_status(SagaStatus.RUNNING, None)
-        self.steps[s.name] = st.evolve(given_up=False)
-        self.send_action(s, self.steps[s.name], reason=said)
+        if st.error == LATE_SUCCESS:
+            # The command answered after it was given up: that answer is the retry's.
+            self.set_step(
+                s.name,
+                st.evolve(
+                    status=StepStatus.SUCCEEDED, given_up=False, error=None, finished_at=self.now
+                ),
+                "step_succeeded",
+                reason=f"its late success is taken ({said})",
+            )
+            self.advance(trigger="")
+            return
+        retried = st.evolve(given_up=False)
+        if st.error == LATE_FAILURE:
+            # The participant refused it; asked under the same id it would only repeat that.
+            retried = _next_generation(retried, forward=True)
+        self.steps[s.name] = retried
+        self.send_action(s, retried, reason=said)
 
     def operator_skip_step(self, a: OperatorAction) -> None:
         self._refuse_if_final("skip a step")
@@ -541,20 +704,32 @@ class _Transition:
             self.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on
         ):
             raise ActionRefused(f"step {s.name!r} waits for steps that have not succeeded")
+        # A command that was sent may still run: unless it is known to have changed
+        # nothing, it is fenced (undone if it ran, refused by a tombstone if not).
+        fence = st.command_id is not None and st.error != LATE_FAILURE
+        if fence and not s.compensable:
+            raise ActionRefused(
+                f"step {s.name!r} has no compensation, and its command may still take effect; "
+                "wait for its answer, or retry it"
+            )
         self.note("operator_skip_step", step=s.name, reason=said)
         self.set_status(SagaStatus.RUNNING, None)
+        done = st.evolve(
+            status=StepStatus.SUCCEEDED,
+            finished_at=self.now,
+            given_up=False,
+            error=None,
+            result={"skipped_by": a.actor},
+        )
         self.set_step(
             s.name,
-            st.evolve(
-                status=StepStatus.SUCCEEDED,
-                finished_at=self.now,
-                given_up=False,
-                error=None,
-                result={"skipped_by": a.actor},
-            ),
+            done,
             "step_succeeded",
-            reason=f"done by hand ({said})",
+            reason=f"done by hand ({said})"
+            + ("; the command sent earlier is fenced" if fence else ""),
         )
+        if fence:
+            self.send_fence(s, done.evolve(error=FENCING, compensation_attempt=0))
         self.advance(trigger="")
 
     def operator_compensate(self, a: OperatorAction) -> None:
@@ -566,19 +741,68 @@ class _Transition:
         # What failed to compensate, or was given up without compensation, is tried again.
         for s in self.definition.steps:
             st = self.steps[s.name]
-            if st.status is StepStatus.COMPENSATION_FAILED or (
-                st.status is StepStatus.TIMED_OUT and s.compensable
-            ):
+            if st.status is StepStatus.COMPENSATION_FAILED:
+                self.send_compensation(s, _next_generation(st), reason=said)
+            elif st.status is StepStatus.TIMED_OUT and s.compensable:
                 self.send_compensation(s, st, reason=said)
         self.begin_compensation(said)
 
     def operator_replay(self, a: OperatorAction) -> None:
+        """A held message is published again. What it carries is awaited once more (a
+        dead compensation or a given-up command); a saga in review resumes only when
+        something is then in flight, so a replay never strands it."""
         said = f"operator {a.actor}: {a.reason}"
         self.note("operator_replay", step=a.step, reason=said)
-        if self.status is SagaStatus.MANUAL_REVIEW:
-            resumed = SagaStatus.COMPENSATING if self._compensation_begun() else SagaStatus.RUNNING
-            self.set_status(resumed, self.reason if resumed is SagaStatus.COMPENSATING else None)
-            self.note("saga_resumed", reason=f"resumed for a replay ({said})")
+        s = self.definition.by_name.get(a.step or "")
+        st = self.steps.get(a.step or "")
+        if s is not None and st is not None:
+            dead_compensation = (
+                a.message_kind is MessageKind.COMPENSATION
+                and st.status is StepStatus.COMPENSATION_FAILED
+                and st.error == "dead_lettered"
+                and a.command_id in (None, st.compensation_id)
+            )
+            given_up_command = (
+                a.message_kind is MessageKind.COMMAND
+                and st.status is StepStatus.TIMED_OUT
+                and st.error not in (LATE_SUCCESS, LATE_FAILURE)
+                and a.command_id in (None, st.command_id)
+            )
+            if dead_compensation:
+                self.set_step(
+                    s.name,
+                    st.evolve(
+                        status=StepStatus.COMPENSATING, error=None, deadline=self.now + s.timeout
+                    ),
+                    "compensation_replayed",
+                    reason=said,
+                )
+            elif given_up_command:
+                self.set_step(
+                    s.name,
+                    st.evolve(
+                        status=StepStatus.REQUESTED,
+                        given_up=False,
+                        error=None,
+                        deadline=self.now + s.timeout,
+                    ),
+                    "command_replayed",
+                    reason=said,
+                )
+        if self.status is not SagaStatus.MANUAL_REVIEW:
+            return
+        if not any(x.in_flight for x in self.steps.values()):
+            self.note(
+                "saga_not_resumed",
+                reason="the replayed message is not one the saga awaits; it stays in review",
+            )
+            return
+        compensating = self._compensation_begun() or any(
+            x.status is StepStatus.COMPENSATING for x in self.steps.values()
+        )
+        resumed = SagaStatus.COMPENSATING if compensating else SagaStatus.RUNNING
+        self.set_status(resumed, self.reason if compensating else None)
+        self.note("saga_resumed", reason=f"resumed for a replay ({said})")
 
     def operator_resolve(self, a: OperatorAction) -> None:
         if self.status is not SagaStatus.MANUAL_REVIEW:
@@ -606,7 +830,10 @@ class _Transition:
                 self.begin_compensation(trigger)
             else:
                 self.dispatch_ready()
-                if all(st.status is StepStatus.SUCCEEDED for st in self.steps.values()):
+                if all(
+                    st.status is StepStatus.SUCCEEDED and not st.fencing
+                    for st in self.steps.values()
+                ):
                     self.finish(SagaStatus.COMPLETED, "saga_completed")
                 return
         if self.status is SagaStatus.COMPENSATING:
@@ -656,8 +883,20 @@ class _Transition:
                     "compensation_skipped",
                     reason=f"step {s.name!r} has no compensation; its effect stays",
                 )
-        if not any(st.status in blocking for st in self.steps.values()):
+        if not any(st.status in blocking or st.fencing for st in self.steps.values()):
             self.finish(SagaStatus.COMPENSATED, "saga_compensated")
+            return
+        failed = [n for n, st in self.steps.items() if st.status is StepStatus.COMPENSATION_FAILED]
+        if (
+            failed
+            and self.status is SagaStatus.COMPENSATING
+            and not any(st.in_flight for st in self.steps.values())
+        ):
+            # Nothing more will answer: what is left needs a person.
+            self.manual_review(
+                f"compensation of step {failed[0]!r} failed ({self.steps[failed[0]].error}) "
+                "and nothing else is in flight"
+            )
 
     def send_action(self, s: Step, st: StepState, reason: str | None = None) -> None:
         generation = st.generation
@@ -697,9 +936,8 @@ class _Transition:
 
     def send_compensation(self, s: Step, st: StepState, reason: str | None = None) -> None:
         assert s.compensation is not None
-        generation = st.generation
         cid = st.compensation_id or command_id(
-            self.before.saga_id, s.name, MessageKind.COMPENSATION, generation
+            self.before.saga_id, s.name, MessageKind.COMPENSATION, st.generation
         )
         attempt = st.compensation_attempt + 1
         new = st.evolve(
@@ -716,21 +954,53 @@ class _Transition:
             reason=reason,
             detail={"attempt": attempt},
         )
-        self.commands.append(
-            CommandIntent(
-                saga_id=self.before.saga_id,
-                step=s.name,
-                kind=MessageKind.COMPENSATION,
-                task_name=s.compensation,
-                queue=s.queue,
-                command_id=cid,
-                message_id=message_id(
-                    self.before.saga_id, s.name, MessageKind.COMPENSATION, generation, attempt
-                ),
-                attempt=attempt,
-                body=self.command_body(),
-                compensates=st.command_id,
-            )
+        self.commands.append(self._compensation_intent(s, new, cid, st.generation, attempt))
+
+    def send_fence(self, s: Step, st: StepState, reason: str | None = None) -> None:
+        """Send (again) the compensation that fences the command of a step done by hand.
+
+        It uses the compensation id of the step's current generation and moves the step
+        to the next one, so a later compensation of the step is a new command.
+        """
+        generation = st.generation if st.compensation_attempt == 0 else st.generation - 1
+        cid = command_id(self.before.saga_id, s.name, MessageKind.COMPENSATION, generation)
+        attempt = st.compensation_attempt + 1
+        new = st.evolve(
+            generation=generation + 1,
+            compensation_id=None,
+            compensation_attempt=attempt,
+            requested_at=self.now,
+            deadline=self.now + s.timeout,
+        )
+        self.set_step(
+            s.name,
+            new,
+            "fence_resent" if reason else "fence_requested",
+            reason=reason,
+            detail={"attempt": attempt},
+        )
+        self.commands.append(self._compensation_intent(s, new, cid, generation, attempt))
+
+    def _compensation_intent(
+        self, s: Step, st: StepState, cid: str, generation: int, attempt: int
+    ) -> CommandIntent:
+        assert s.compensation is not None
+        saga_id = self.before.saga_id
+        return CommandIntent(
+            saga_id=saga_id,
+            step=s.name,
+            kind=MessageKind.COMPENSATION,
+            task_name=s.compensation,
+            queue=s.queue,
+            command_id=cid,
+            message_id=message_id(saga_id, s.name, MessageKind.COMPENSATION, generation, attempt),
+            attempt=attempt,
+            body=self.command_body(),
+            compensates=st.command_id,
+            supersedes=tuple(
+                command_id(saga_id, s.name, MessageKind.COMPENSATION, g)
+                for g in range(1, generation)
+            ),
         )
 
     def command_body(self) -> dict[str, Any]:
@@ -821,6 +1091,16 @@ class _Transition:
         )
 
     def decision(self) -> Decision:
+        if (
+            self.changed
+            and self.status in ACTIVE_SAGA
+            and not any(st.in_flight for st in self.steps.values())
+        ):
+            # No reply and no deadline would ever move this saga again. The rules above
+            # are meant to leave no such state; should one be reached, a person sees it.
+            stuck = ", ".join(f"{n} {st.status.value}" for n, st in self.steps.items())
+            self.note("no_way_forward", reason=f"nothing is in flight ({stuck})")
+            self.manual_review(f"the saga has no way forward: nothing is in flight ({stuck})")
         # History entries say the saga status before and after the whole decision,
         # so a reader sees each transition once, on the entry that made it.
         entries = tuple(_fix_status(h, self.before.status, self.status) for h in self.history)
@@ -836,6 +1116,19 @@ class _Transition:
             version=self.before.version + 1,
         )
         return Decision(state, tuple(self.commands), entries, self.classification, changed=True)
+
+
+_UNANSWERED_COMPENSATION = frozenset({"no_answer", "dead_lettered"})
+"""Errors of a compensation given up without an answer: a success later completes it."""
+
+
+def _next_generation(st: StepState, *, forward: bool = False) -> StepState:
+    """The step's next generation: its compensation (and with ``forward`` its command)
+    gets a new id, which the participant runs afresh."""
+    new = st.evolve(generation=st.generation + 1, compensation_id=None, compensation_attempt=0)
+    if forward:
+        new = new.evolve(command_id=None, attempt=0, error=None, result=None)
+    return new
 
 
 def _fix_status(entry: HistoryEntry, before: SagaStatus, after: SagaStatus) -> HistoryEntry:

@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from saga_tasks.errors import (
+    CrossParticipantCompensation,
     DefinitionError,
     DependencyCycle,
     DuplicateStep,
@@ -116,6 +117,9 @@ class Step:
     """What the step's command reaching the dead-letter queue does."""
     depends_on: tuple[str, ...] = _PREVIOUS
     """Steps that must have succeeded before this one is sent."""
+    named_queues: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    """Every queue the step's arguments named (``queue=``, the action's, the
+    compensation's): more than one means two participants, which is refused."""
 
     @property
     def compensable(self) -> bool:
@@ -150,6 +154,7 @@ def step(
         late_reply=LateReplyPolicy(late_reply),
         on_dead_letter=DeadLetterPolicy(on_dead_letter),
         depends_on=_PREVIOUS if depends_on is None else tuple(depends_on),
+        named_queues=tuple(sorted({q for q in (queue, action_queue, comp_queue) if q})),
     )
 
 
@@ -296,6 +301,12 @@ def _resolve_dependencies(saga_type: str, steps: tuple[Step, ...]) -> tuple[Step
         names.add(s.name)
         if not s.queue:
             raise MissingQueue(saga_type, f"step {s.name!r} has no queue")
+        if len(s.named_queues) > 1:
+            raise CrossParticipantCompensation(
+                saga_type,
+                f"step {s.name!r} names more than one queue ({', '.join(s.named_queues)}): its "
+                "action and its compensation must be handled by one participant, on its queue",
+            )
         if not s.action:
             raise DefinitionError(saga_type, f"step {s.name!r} has no action task")
         if s.timeout <= timedelta(0):

@@ -6,7 +6,8 @@
     │   │   ├── DuplicateStep
     │   │   ├── UnknownDependency
     │   │   ├── DependencyCycle
-    │   │   └── MissingQueue
+    │   │   ├── MissingQueue
+    │   │   └── CrossParticipantCompensation  a step undone by another participant
     │   ├── UnknownDefinitionVersion  a running saga's definition is not loaded here
     │   └── TopologyMismatch          a queue exists on the broker with other arguments
     ├── InputError                    refuse: the caller sent something wrong (CLI exit 2)
@@ -66,6 +67,15 @@ class DependencyCycle(DefinitionError):
 
 class MissingQueue(DefinitionError):
     """A step has no queue to send its commands to."""
+
+
+class CrossParticipantCompensation(DefinitionError):
+    """A step's compensation belongs to another participant than its action.
+
+    The compensation would look for the forward command in the wrong ledger: it would
+    report "nothing to undo" while the effect stays, and leave its tombstone where the
+    forward command never looks.
+    """
 
 
 class UnknownDefinitionVersion(ConfigurationError):

@@ -67,6 +67,10 @@ class OperatorAction:
     step: str | None = None
     resolution: str | None = None
     """For ``resolve``: COMPLETED, COMPENSATED or FAILED."""
+    message_kind: MessageKind | None = None
+    """For ``replay``: the kind of the held message published again."""
+    command_id: str | None = None
+    """For ``replay``: the command (or compensation) id the held message carries."""
 
 
 Event = Started | ReplyReceived | DeadlinePassed | DeadLettered | OperatorAction

@@ -11,7 +11,7 @@ request, where plain names such as ``correlation_id`` would shadow its own field
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +26,14 @@ H_KIND = "saga_message_kind"
 H_REPLY_TO_KIND = "saga_reply_to_kind"
 H_COMMAND_ID = "saga_command_id"
 H_COMPENSATES = "saga_compensates"
+H_SUPERSEDES = "saga_supersedes"
 H_ATTEMPT = "saga_attempt"
 H_CORRELATION_ID = "saga_correlation_id"
 H_CAUSATION_ID = "saga_causation_id"
 H_TRACEPARENT = "traceparent"
+
+MAX_GENERATIONS = 1000
+"""Operator retries of one step that a command may name as superseded."""
 
 SAGA_HEADERS = frozenset(
     {
@@ -40,6 +44,7 @@ SAGA_HEADERS = frozenset(
         H_REPLY_TO_KIND,
         H_COMMAND_ID,
         H_COMPENSATES,
+        H_SUPERSEDES,
         H_ATTEMPT,
         H_CORRELATION_ID,
         H_CAUSATION_ID,
@@ -80,6 +85,8 @@ class Command:
     compensates: str | None = None
     traceparent: str | None = None
     headers: Mapping[str, Any] = field(default_factory=dict)
+    supersedes: tuple[str, ...] = ()
+    """Ids of earlier generations of this compensation: fenced before it runs."""
 
 
 def _valid_uuid(value: Any) -> bool:
@@ -118,6 +125,12 @@ def parse_command(message_id: str, headers: Mapping[str, Any] | None, body: Any)
     compensates = headers.get(H_COMPENSATES)
     if compensates is not None and not _valid_uuid(compensates):
         raise InvalidMessage(f"header {H_COMPENSATES!r} is not a UUID")
+    supersedes_raw = headers.get(H_SUPERSEDES, "")
+    supersedes = tuple(s for s in str(supersedes_raw).split(",") if s)
+    if not all(_valid_uuid(s) for s in supersedes) or len(supersedes) > MAX_GENERATIONS:
+        raise InvalidMessage(f"header {H_SUPERSEDES!r} is not a list of UUIDs")
+    if supersedes and kind is not MessageKind.COMPENSATION:
+        raise InvalidMessage(f"header {H_SUPERSEDES!r} belongs to compensations only")
     attempt = headers.get(H_ATTEMPT, 1)
     if not isinstance(attempt, int) or attempt < 1:
         raise InvalidMessage(f"header {H_ATTEMPT!r} must be a positive integer")
@@ -140,6 +153,7 @@ def parse_command(message_id: str, headers: Mapping[str, Any] | None, body: Any)
         compensates=compensates,
         traceparent=headers.get(H_TRACEPARENT),
         headers={k: v for k, v in headers.items() if k in SAGA_HEADERS},
+        supersedes=supersedes,
     )
 
 
@@ -165,6 +179,7 @@ def command_headers(
     causation_id: str | None,
     compensates: str | None,
     traceparent: str | None,
+    supersedes: Sequence[str] = (),
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {
         H_SAGA_ID: saga_id,
@@ -179,6 +194,8 @@ def command_headers(
         headers[H_CAUSATION_ID] = causation_id
     if compensates:
         headers[H_COMPENSATES] = compensates
+    if supersedes:
+        headers[H_SUPERSEDES] = ",".join(supersedes)
     if traceparent:
         headers[H_TRACEPARENT] = traceparent
     return headers

@@ -51,6 +51,11 @@ TIMEOUTS = Counter(
     "Deadlines that passed: re-sends, steps given up, compensations re-sent or exhausted",
     ["saga_type", "step", "action"],
 )
+SWEEP_HANDED_OVER = Counter(
+    "saga_sweep_handed_over_total",
+    "Sagas the sweeper could not decide and put in MANUAL_REVIEW (a definition not loaded, "
+    "a decider failure, a deadline nothing was due for)",
+)
 COMPENSATIONS = Counter(
     "saga_compensations_total", "Compensations requested", ["saga_type", "step"]
 )

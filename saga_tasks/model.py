@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from saga_tasks.definitions import SagaDefinition
-from saga_tasks.states import IN_FLIGHT, MessageKind, SagaStatus, StepStatus
+from saga_tasks.states import ACTIVE_SAGA, IN_FLIGHT, MessageKind, SagaStatus, StepStatus
 
 # Every id the decider makes is derived from the saga id, so deciding twice on the
 # same input (a redelivered message after a crash) makes the same ids again.
@@ -30,6 +30,15 @@ def message_id(saga_id: str, step: str, kind: MessageKind, generation: int, atte
     return str(uuid.uuid5(_ID_NAMESPACE, name))
 
 
+LATE_SUCCESS = "late_success"
+"""``StepState.error`` of a given-up step whose command answered success after all."""
+LATE_FAILURE = "late_failure"
+"""``StepState.error`` of a given-up step whose command answered failure after all."""
+FENCING = "fencing"
+"""``StepState.error`` of a step done by hand while its command was in flight: the
+compensation that fences that command (undoes it, or leaves a tombstone) is awaited."""
+
+
 @dataclass(frozen=True)
 class StepState:
     """Where one step of one saga is."""
@@ -40,7 +49,9 @@ class StepState:
     compensation_attempt: int = 0
     """Sends of the compensation so far."""
     generation: int = 1
-    """Bumped when an operator retries a step, so the retry gets new command ids."""
+    """Bumped when an operator retry needs a command the participant runs afresh (a
+    refused compensation or command, a fence): ids derive from it, so the retry is a new
+    command, and the ids of earlier generations are known to be superseded."""
     command_id: str | None = None
     compensation_id: str | None = None
     requested_at: datetime | None = None
@@ -53,6 +64,16 @@ class StepState:
 
     def evolve(self, **changes: Any) -> StepState:
         return replace(self, **changes)
+
+    @property
+    def fencing(self) -> bool:
+        """Done by hand while its command was in flight; the fence has not answered yet."""
+        return self.status is StepStatus.SUCCEEDED and self.error == FENCING
+
+    @property
+    def in_flight(self) -> bool:
+        """A message is out for this step and its answer is awaited."""
+        return self.status in IN_FLIGHT or self.fencing
 
 
 @dataclass(frozen=True)
@@ -107,14 +128,15 @@ class SagaState:
         return {name: st.result for name, st in self.steps.items() if st.result is not None}
 
     def next_wake_at(self) -> datetime | None:
-        """The earliest deadline the sweeper must look at, or None when nothing waits."""
-        if self.status not in (SagaStatus.RUNNING, SagaStatus.COMPENSATING):
+        """The earliest deadline the sweeper must look at, or None when nothing waits.
+
+        The saga's own deadline counts only while it runs: a compensating saga has
+        already given up on it, and a wake-up the decider would not act on would be
+        claimed by every sweep again.
+        """
+        if self.status not in ACTIVE_SAGA:
             return None
-        times = [
-            st.deadline
-            for st in self.steps.values()
-            if st.status in IN_FLIGHT and st.deadline is not None
-        ]
-        if self.deadline is not None:
+        times = [st.deadline for st in self.steps.values() if st.in_flight and st.deadline]
+        if self.status is SagaStatus.RUNNING and self.deadline is not None:
             times.append(self.deadline)
         return min(times) if times else None

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from saga_tasks import faults, metrics, tracing
 from saga_tasks.clock import Clock
-from saga_tasks.decider import CommandIntent, Decision, decide
+from saga_tasks.decider import CommandIntent, Decision, decide, hand_over
 from saga_tasks.definitions import SagaDefinition
 from saga_tasks.delivery import Outlet
 from saga_tasks.errors import (
@@ -31,6 +31,7 @@ from saga_tasks.errors import (
     InputError,
     InvalidMessage,
     SagaNotFound,
+    ServiceUnavailable,
     UnknownDefinitionVersion,
     UnknownSagaType,
     VersionMismatch,
@@ -190,13 +191,39 @@ class Orchestrator:
     ) -> SagaHandle:
         handle, messages = self._write_start(session.connection(), definition, decision, digest)
         if handle.created and messages:
-            outlet = self._outlet
-
-            def publish_after_commit(_session: Session) -> None:
-                outlet().send(saga_outbox, messages)
-
-            event.listen(session, "after_commit", publish_after_commit, once=True)
+            event.listen(
+                session, "after_commit", self._publish_if_committed(handle, messages), once=True
+            )
         return handle
+
+    def _publish_if_committed(
+        self, handle: SagaHandle, messages: list[OutboundMessage]
+    ) -> Callable[[Session], None]:
+        """The caller's next commit may not be the one that holds the start: a savepoint
+        around it, or the transaction, may have rolled back first (and a later commit of
+        the same session fire this hook). So the saga row is looked up first; a start
+        that did not commit sends nothing. If the look-up fails, outbox recovery sends
+        what did commit."""
+
+        def publish_after_commit(_session: Session) -> None:
+            try:
+                with translated(self.engine.url), self.engine.connect() as conn:
+                    committed = sagas.exists(conn, handle.saga_id)
+            except ServiceUnavailable:
+                log.warning(
+                    "saga start: cannot tell whether it committed; recovery sends its commands",
+                    extra={"saga_id": handle.saga_id, "saga_type": handle.saga_type},
+                )
+                return
+            if not committed:
+                log.info(
+                    "saga start rolled back with the caller's transaction; nothing sent",
+                    extra={"saga_id": handle.saga_id, "saga_type": handle.saga_type},
+                )
+                return
+            self._outlet().send(saga_outbox, messages)
+
+        return publish_after_commit
 
     def _write_start(
         self, conn: Connection, definition: SagaDefinition, decision: Decision, digest: str
@@ -467,10 +494,12 @@ class Orchestrator:
 
         Each batch is one transaction of a fixed number of statements: claim due sagas
         (SKIP LOCKED), decide each in memory, write every changed saga, step, history
-        line and command at once, commit, publish. A saga whose decision raises is
-        logged and left out; the rest of the batch goes on. A saga claimed with nothing
-        due (its stored wake-up time disagrees with its state) gets the time repaired,
-        so it is not claimed again in the next batch.
+        line and command at once, commit, publish. Every claimed saga leaves the batch
+        with a later wake-up time or none: a saga claimed with nothing due (its stored
+        wake-up time disagrees with its state) gets the time repaired, and one that
+        cannot be decided (its definition is not loaded, the decider raised, or a
+        deadline passed that the decider does not act on) goes to MANUAL_REVIEW with
+        the reason. Nothing claimed can come first in every batch and starve the rest.
         """
         report = SweepReport()
         for _ in range(max_batches):
@@ -492,38 +521,55 @@ class Orchestrator:
 
     def _decide_due(
         self, due: Sequence[SagaState], now: datetime, report: SweepReport
-    ) -> list[tuple[SagaState, SagaDefinition, Decision]]:
+    ) -> list[tuple[SagaState, SagaDefinition | None, Decision]]:
         done = []
         for state in due:
+            definition: SagaDefinition | None = None
             try:
                 definition = self.registry.get(state.saga_type, state.definition_version)
                 decision = decide(definition, state, DeadlinePassed(), now)
-            except Exception:
-                report.errors += 1
-                log.exception("sweep failed for one saga", extra={"saga_id": state.saga_id})
-                continue
+            except UnknownDefinitionVersion as exc:
+                decision = self._cannot_decide(state, str(exc), report)
+            except Exception as exc:  # a bug must not stall every other saga's timeouts
+                log.exception("the decider failed", extra={"saga_id": state.saga_id})
+                decision = self._cannot_decide(
+                    state, f"the decider failed at a deadline ({type(exc).__name__})", report
+                )
+            else:
+                wake = decision.state.next_wake_at()
+                if wake is not None and wake <= now:
+                    decision = self._cannot_decide(
+                        state,
+                        f"a deadline passed ({wake.isoformat()}) and nothing was due for it",
+                        report,
+                    )
             done.append((state, definition, decision))
         return done
+
+    def _cannot_decide(self, state: SagaState, reason: str, report: SweepReport) -> Decision:
+        report.errors += 1
+        metrics.SWEEP_HANDED_OVER.inc()
+        log.error(
+            "saga handed to a person: %s",
+            reason,
+            extra=_log_fields(
+                state, None, status_before=state.status, status_after=SagaStatus.MANUAL_REVIEW
+            ),
+        )
+        return hand_over(state, reason)
 
     def _write_swept(
         self,
         conn: Connection,
-        done: Sequence[tuple[SagaState, SagaDefinition, Decision]],
+        done: Sequence[tuple[SagaState, SagaDefinition | None, Decision]],
         now: datetime,
     ) -> list[OutboundMessage]:
         changes = sagas.Changes()
         for state, definition, decision in done:
-            order = [s.name for s in definition.steps]
+            order = [s.name for s in definition.steps] if definition else list(state.steps)
             if decision.changed:
                 changes.save(state, decision.state, order)
             else:
-                wake = state.next_wake_at()
-                if wake is not None and wake <= now:
-                    log.error(
-                        "a saga's deadline passed and nothing was done about it",
-                        extra={"saga_id": state.saga_id, "next_wake_at": wake},
-                    )
-                    continue
                 changes.save(state, state, order, touch=False)  # repairs next_wake_at only
             changes.log(state.saga_id, decision.history, now)
             changes.messages += [
@@ -607,6 +653,7 @@ class Orchestrator:
                 causation_id=causation_id,
                 compensates=intent.compensates,
                 traceparent=state.traceparent,
+                supersedes=intent.supersedes,
             ),
             body=intent.body,
             saga_id=state.saga_id,

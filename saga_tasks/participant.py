@@ -55,6 +55,8 @@ log = logging.getLogger("saga_tasks.participant")
 _REPLY_NAMESPACE = uuid.UUID("3f1e8f3c-55a7-4c4b-8f0e-2b8f7f8d9a10")
 TOMBSTONED = "compensated_before_execution"
 """Error code of the reply to a forward command that arrived after its compensation."""
+SUPERSEDED = "superseded"
+"""Error code of the reply to a compensation that a newer generation fenced off."""
 
 
 @dataclass(frozen=True)
@@ -353,10 +355,11 @@ class ParticipantRuntime:
         if fault and fault.kind is faults.FaultKind.SLOW:
             faults.pause(fault.seconds)  # slow work: after the claim, so re-sends wait for it
         now = self.clock.now()
-        if handler.kind is MessageKind.COMPENSATION and command.compensates is not None:
-            nothing_to_undo = self._forward_never_took_effect(conn, handler, command, now)
-        else:
-            nothing_to_undo = None
+        nothing_to_undo = None
+        if handler.kind is MessageKind.COMPENSATION:
+            nothing_to_undo = self._undone_before(conn, handler, command, now)
+            if nothing_to_undo is None and command.compensates is not None:
+                nothing_to_undo = self._forward_never_took_effect(conn, handler, command, now)
         if nothing_to_undo is not None:
             reply = _Reply(Outcome.SUCCESS, {"nothing_to_undo": nothing_to_undo})
         else:
@@ -432,6 +435,37 @@ class ParticipantRuntime:
                 f"{handler.task_name} must return a mapping or None, not {type(result).__name__}"
             )
         return _Reply(Outcome.SUCCESS, dict(result or {}))
+
+    def _undone_before(
+        self, conn: Connection, handler: Handler, command: Command, now: datetime
+    ) -> str | None:
+        """Fence the earlier generations of this compensation; say so if one undid it.
+
+        Each superseded id gets a tombstone unless it was claimed already, so an old
+        generation that arrives later runs nothing; one that ran and succeeded means
+        the step is undone, and this generation must not undo it twice.
+        """
+        for superseded in command.supersedes:
+            placed = self._ledger.place_tombstone(
+                conn,
+                ledger_sql.Claim(
+                    command_id=superseded,
+                    saga_id=command.saga_id,
+                    step=command.step,
+                    kind=ledger_sql.TOMBSTONE,
+                    task_name=handler.task_name,
+                    compensates=command.compensates,
+                ),
+                reply=_Reply(
+                    Outcome.FAILURE, None, SUPERSEDED, "a newer generation of it was sent"
+                ).stored(),
+                reply_message_id=reply_id_for(superseded),
+                outcome=Outcome.FAILURE.value,
+                now=now,
+            )
+            if not placed and self._ledger.outcome(conn, superseded) == Outcome.SUCCESS.value:
+                return f"an earlier generation of this compensation ({superseded}) undid it"
+        return None
 
     def _forward_never_took_effect(
         self, conn: Connection, handler: Handler, command: Command, now: datetime

@@ -165,6 +165,12 @@ def find_by_key(conn: Connection, saga_type: str, business_key: str) -> Any:
     return conn.execute(stmt).first()
 
 
+def exists(conn: Connection, saga_id: str) -> bool:
+    """Whether a committed saga row has this id."""
+    stmt = select(saga_instance.c.saga_id).where(saga_instance.c.saga_id == saga_id)
+    return conn.execute(stmt).first() is not None
+
+
 _STEP_COLUMNS = (
     saga_step.c.step,
     saga_step.c.status.label("step_status"),
