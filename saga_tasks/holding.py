@@ -47,6 +47,7 @@ from saga_tasks.messaging.topology import (
     DEAD_LETTER_QUEUE,
     PARKING_EXCHANGE,
     PARKING_QUEUE,
+    QUORUM_DELIVERY_LIMIT,
 )
 from saga_tasks.persistence import sagas, storable
 from saga_tasks.persistence.db import translated
@@ -63,6 +64,8 @@ PARKING = "parking"
 HOLDINGS = {DEAD_LETTER: DEAD_LETTER_QUEUE, PARKING: PARKING_QUEUE}
 
 H_DEAD_REASON = "saga_dead_reason"
+H_DEAD_DEATHS = "saga_dead_deaths"
+"""On a poison message we dead-letter ourselves: how many times its worker died on it."""
 H_DEAD_FROM = "saga_dead_from"
 H_PARKED_REASON = "saga_parked_reason"
 H_PARKED_FROM = "saga_parked_from"
@@ -75,6 +78,7 @@ H_STORED_ESCAPED = "saga_stored_escaped"
 """In a held message's stored headers: what was escaped (or reduced) to store it."""
 _TRANSIENT = (
     H_DEAD_REASON,
+    H_DEAD_DEATHS,
     H_DEAD_FROM,
     H_PARKED_REASON,
     H_PARKED_FROM,
@@ -103,11 +107,18 @@ def hold(
     holding: str,
     reason: str,
     from_queue: str,
+    worker_deaths: int | None = None,
 ) -> None:
-    """Send a task message to the dead-letter or parking queue with the reason attached."""
-    marks = {H_HELD_AT: datetime.now(UTC).isoformat()}
+    """Send a task message to the dead-letter or parking queue with the reason attached.
+
+    ``worker_deaths``: the message is poison, its worker died on it that many times
+    (its reason then starts with ``poison:``, which is what blocks a replay).
+    """
+    marks: dict[str, Any] = {H_HELD_AT: datetime.now(UTC).isoformat()}
     if holding == DEAD_LETTER:
         marks |= {H_DEAD_REASON: reason[:500], H_DEAD_FROM: from_queue}
+        if worker_deaths is not None:
+            marks[H_DEAD_DEATHS] = worker_deaths
         queue = DEAD_LETTER_QUEUE
     else:
         marks |= {H_PARKED_REASON: reason[:500], H_PARKED_FROM: from_queue}
@@ -394,18 +405,14 @@ def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
         saga_id = str(uuid.UUID(str(saga_id))) if saga_id else None
     except ValueError:
         saga_id = None
+    # Deaths on work queues: a retry tier's expiry (back to work) is no death.
+    work_deaths = sum(_count(d.get("count")) for d in deaths if d.get("reason") != "expired")
     if holding == PARKING:
         reason = str(headers.get(H_PARKED_REASON) or "parked")
         queue = headers.get(H_PARKED_FROM)
+        death_count = 0
     else:
-        if headers.get(H_DEAD_REASON):
-            reason = str(headers[H_DEAD_REASON])
-        else:
-            first = headers.get("x-first-death-reason") or latest.get("reason") or "unknown"
-            reason = f"{first} by the broker"
-            if _count(headers.get("retries")):
-                # Celery re-sends a task whose pool child was lost, then lets it die here.
-                reason += f" after {headers['retries']} re-sends for lost worker processes"
+        reason, death_count = _dead_reason(headers, latest, work_deaths)
         queue = headers.get(H_DEAD_FROM) or latest.get("queue")
     routing_keys = _as_list(latest.get("routing-keys"))
     queue = storable.optional_text(queue)
@@ -423,16 +430,50 @@ def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
         "queue": queue,
         "routing_key": storable.optional_text(routing_keys[0]) if routing_keys else queue,
         "exchange": storable.optional_text(latest.get("exchange")),
-        "death_count": min(
-            max(sum(_count(d.get("count")) for d in deaths), _count(headers.get("saga_retry"))),
-            _INT_MAX,
-        ),
+        "death_count": death_count,
         "first_death_at": min(times) if times else None,
         "last_death_at": max(times) if times else None,
     }
 
 
 _INT_MAX = 2**31 - 1
+POISON = "poison: "
+"""How a held message's reason starts when its worker died on it: only that blocks a replay."""
+
+
+def _dead_reason(
+    headers: Mapping[str, Any], latest: Mapping[str, Any], work_deaths: int
+) -> tuple[str, int]:
+    """Why a dead letter died, saying whether it is poison, and how many times it died.
+
+    Poison is a message its worker died on (SIGKILL, OOM, a segfault), whoever
+    noticed: our redelivery counter (``poison: redelivered ...``), Celery re-sending
+    a task whose pool child was lost until ``max_retries`` and then rejecting it, or a
+    quorum queue's ``x-delivery-limit``. Spent retries (``retries exhausted (n) after
+    ...``) and other rejections are not poison: the message did not hurt its worker.
+    """
+    if headers.get(H_DEAD_REASON):
+        reason = str(headers[H_DEAD_REASON])
+        if reason.startswith(POISON):
+            return reason, _count(headers.get(H_DEAD_DEATHS)) or max(work_deaths, 1)
+        return reason, max(work_deaths, 1)
+    died = str(latest.get("reason") or headers.get("x-first-death-reason") or "unknown")
+    if died == "delivery_limit":
+        # The dead-lettered copy's x-delivery-count starts again at 0: the count is ours.
+        deliveries = QUORUM_DELIVERY_LIMIT + 1
+        return (
+            f"{POISON}{died} by the broker: delivered {deliveries} times, never acked "
+            "(its worker died or lost its connection each time)",
+            deliveries,
+        )
+    resent = _count(headers.get("retries"))
+    if resent:
+        # Celery re-sends a task whose pool child was lost, then lets it die here.
+        return (
+            f"{POISON}{died} by the broker after {resent} re-sends for lost worker processes",
+            min(resent + 1, _INT_MAX),
+        )
+    return f"{died} by the broker", max(work_deaths, 1)
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -508,12 +549,7 @@ def replay_checks(app: SagaApp, conn: Connection, row: Mapping[str, Any]) -> lis
         )
     age = (app.clock.now() - row["received_at"]).total_seconds()
     checks.append(Check("age", f"held for {age / 3600:.1f} h", age > settings.replay_max_age))
-    if row["death_count"] >= settings.poison_limit or str(row["reason"]).startswith("poison"):
-        checks.append(
-            Check("deaths", f"dead-lettered or killed its worker {row['death_count']} times", True)
-        )
-    elif row["death_count"]:
-        checks.append(Check("deaths", f"x-death count {row['death_count']}", False))
+    checks.append(_deaths(row))
     saga_id = row["saga_id"]
     if saga_id is None:
         checks.append(Check("saga", "belongs to no known saga", row["holding"] == DEAD_LETTER))
@@ -561,6 +597,27 @@ def replay_checks(app: SagaApp, conn: Connection, row: Mapping[str, Any]) -> lis
             else Check("effect", "the participant has no record of it", False)
         )
     return checks
+
+
+def _deaths(row: Mapping[str, Any]) -> Check:
+    """Poison blocks a replay (it may kill a worker again); spent retries do not."""
+    reason, deaths = str(row["reason"]), row["death_count"]
+    if reason.startswith(POISON):
+        return Check(
+            "deaths",
+            f"poison: its worker died on it {deaths} times; a replay may kill a worker again",
+            True,
+        )
+    if row["holding"] == PARKING:
+        return Check("deaths", "not poison: parked, it was never tried", False)
+    retries = _count((row["headers"] or {}).get("saga_retry"))
+    if reason.startswith("retries exhausted"):
+        return Check(
+            "deaths",
+            f"not poison: its {retries} retries were spent ({reason}); a replay is one more try",
+            False,
+        )
+    return Check("deaths", f"not poison: dead-lettered {deaths} times ({reason})", False)
 
 
 def _effect(

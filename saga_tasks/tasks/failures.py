@@ -35,7 +35,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from saga_tasks import metrics
 from saga_tasks.errors import InvalidMessage, PublishFailed, SagaTasksError, ServiceUnavailable
-from saga_tasks.holding import DEAD_LETTER, H_OUTAGE, PARKING, clean_headers, hold
+from saga_tasks.holding import DEAD_LETTER, H_OUTAGE, PARKING, POISON, clean_headers, hold
 from saga_tasks.messages import H_SAGA_ID, OutboundMessage
 from saga_tasks.messaging.topology import retry_queue
 from saga_tasks.persistence.db import translated
@@ -104,10 +104,15 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
             _outage(app, request, queue, exc)
             raise Ignore() from exc  # acked: the copy sent back is what remains
         if count > settings.poison_limit:
-            reason = f"poison: redelivered {count} times, its worker died each time"
+            reason = f"{POISON}redelivered {count} times, its worker died each time"
             log.error("dead-lettering a poison message: %s", reason, extra=_fields(request))
             hold(
-                app, _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue
+                app,
+                _message(request, queue),
+                holding=DEAD_LETTER,
+                reason=reason,
+                from_queue=queue,
+                worker_deaths=count,
             )
             raise Ignore()  # acked: the copy in the dead-letter queue is what remains
     try:

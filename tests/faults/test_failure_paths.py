@@ -72,7 +72,8 @@ def test_retries_spent_dead_letter_and_the_saga_compensates(order_app, workers):
         "command",
         "payments.commands",
     )
-    assert dead["death_count"] == 3
+    # Dead-lettered once; its three retries are in the reason: not poison, replayable.
+    assert dead["death_count"] == 1
     events = [
         r["event"]
         for r in rows(order_app.engine, "SELECT event FROM saga.saga_history ORDER BY id")
@@ -136,6 +137,7 @@ def test_a_message_that_kills_its_worker_every_time_is_dead_lettered_after_the_b
     assert state.steps["reserve_stock"].given_up
     (dead,) = held(order_app)
     assert dead["reason"] == "poison: redelivered 3 times, its worker died each time"
+    assert dead["death_count"] == 3
     # SAGA_POISON_LIMIT=2: the first delivery and two redeliveries killed it; the third was held.
     assert supervisor.restarts == 3
     assert scalar(order_app.engine, "SELECT count(*) FROM inventory.reservation") == 0
@@ -152,7 +154,10 @@ def test_a_poison_message_in_a_prefork_child_is_bounded_too(order_app, workers):
     wait_for_status(order_app, handle.saga_id, [SagaStatus.COMPENSATED], timeout=90)
     (dead,) = held(order_app)
     # Celery re-sends a task whose child was lost max_retries (3) times, then rejects it.
-    assert dead["reason"] == "rejected by the broker after 3 re-sends for lost worker processes"
+    assert dead["reason"] == (
+        "poison: rejected by the broker after 3 re-sends for lost worker processes"
+    )
+    assert dead["death_count"] == 4
 
 
 def test_an_unparseable_command_is_parked_and_listed(order_app, workers, isolation, settings):
