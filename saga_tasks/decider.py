@@ -758,12 +758,15 @@ class _Transition:
         if s is not None and st is not None:
             dead_compensation = (
                 a.message_kind is MessageKind.COMPENSATION
+                and self.status not in TERMINAL_SAGA
                 and st.status is StepStatus.COMPENSATION_FAILED
                 and st.error == "dead_lettered"
                 and a.command_id in (None, st.compensation_id)
             )
             given_up_command = (
                 a.message_kind is MessageKind.COMMAND
+                and self.status in (SagaStatus.RUNNING, SagaStatus.MANUAL_REVIEW)
+                and not self._compensation_begun()
                 and st.status is StepStatus.TIMED_OUT
                 and st.error not in (LATE_SUCCESS, LATE_FAILURE)
                 and a.command_id in (None, st.command_id)
@@ -835,6 +838,15 @@ class _Transition:
                     for st in self.steps.values()
                 ):
                     self.finish(SagaStatus.COMPLETED, "saga_completed")
+                elif not any(st.in_flight for st in self.steps.values()):
+                    # Steps given up earlier (their outcome unknown) hold the rest back.
+                    held = [n for n, st in self.steps.items() if st.status is StepStatus.TIMED_OUT]
+                    self.manual_review(
+                        f"step {held[0]!r} was given up and nothing else is in flight: retry "
+                        "it, skip it, compensate or resolve"
+                        if held
+                        else "nothing is in flight and the saga cannot finish"
+                    )
                 return
         if self.status is SagaStatus.COMPENSATING:
             self.compensate_ready()
@@ -870,9 +882,21 @@ class _Transition:
         # Reverse dependency order: a child is settled before its parent is looked at.
         for s in reversed(self.definition.steps):
             st = self.steps[s.name]
-            if st.status is not StepStatus.SUCCEEDED:
+            if (
+                st.status is StepStatus.TIMED_OUT
+                and s.compensable
+                and s.late_reply is LateReplyPolicy.COMPENSATE
+                and st.compensation_id is None
+            ):
+                # Given up while a person was needed elsewhere: it may have taken effect.
+                self.send_compensation(s, st)
                 continue
-            if any(self.steps[d].status in blocking for d in self.definition.descendants(s.name)):
+            if st.status is not StepStatus.SUCCEEDED or st.fencing:
+                continue  # a fence answers first; then the step is compensated like any
+            if any(
+                self.steps[d].status in blocking or self.steps[d].fencing
+                for d in self.definition.descendants(s.name)
+            ):
                 continue
             if s.compensable:
                 self.send_compensation(s, st)

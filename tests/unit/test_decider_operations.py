@@ -21,7 +21,7 @@ from saga_tasks.states import MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver, linear
 
 
-def act(d: Driver, verb: OperatorVerb, step_name: str | None = None, **kw: str):
+def act(d: Driver, verb: OperatorVerb, step_name: str | None = None, **kw: object):
     return d.apply(OperatorAction(verb, actor="ana", reason="ticket 7", step=step_name, **kw))
 
 
@@ -166,8 +166,15 @@ def test_a_replayed_dead_compensation_that_succeeds_completes():
             held_id=1,
         )
     )
-    act(d, OperatorVerb.REPLAY, "s0")
+    act(
+        d,
+        OperatorVerb.REPLAY,
+        "s0",
+        message_kind=MessageKind.COMPENSATION,
+        command_id=st.compensation_id,
+    )
     assert d.state.status is SagaStatus.COMPENSATING
+    assert d.state.steps["s0"].status is StepStatus.COMPENSATING, "awaited again, with a deadline"
     d.compensated("s0")
     assert d.state.status is SagaStatus.COMPENSATED
 

@@ -27,7 +27,8 @@ from saga_tasks.definitions import (
     saga,
     step,
 )
-from saga_tasks.events import DeadLettered
+from saga_tasks.errors import ActionRefused
+from saga_tasks.events import DeadLettered, OperatorAction, OperatorVerb
 from saga_tasks.states import MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver
 from tests.unit.test_decider_properties import check
@@ -76,12 +77,15 @@ class SagaWorld(RuleBasedStateMachine):
         self.replies: list[ReplyReceived] = []  # in transit to the orchestrator
         self.ledger: dict[str, LedgerEntry] = {}  # command id -> what the participant did
         self.effect: dict[str, bool] = {}  # step -> its forward change is in place
+        self.by_hand: set[str] = set()  # steps an operator did by hand
+        self.undone_by_hand: set[str] = set()  # steps an operator undid by hand
+        self.dead: list[CommandIntent] = []  # held in the dead-letter queue
         self.effect_after_undo: list[str] = []
         initial = self.driver.state
         self._decide(initial, self.driver.start())
 
-    def _decide(self, before, decision) -> None:
-        check(self.defn, before, decision)
+    def _decide(self, before, decision, *, operator: bool = False) -> None:
+        check(self.defn, before, decision, operator=operator)
         self.commands.extend(decision.commands)
 
     # -- the network --------------------------------------------------------------------
@@ -94,7 +98,13 @@ class SagaWorld(RuleBasedStateMachine):
         command = self.commands[index] if keep else self.commands.pop(index)
         entry = self.ledger.get(command.command_id)
         if entry is None:
-            if command.kind is MessageKind.COMPENSATION:
+            undone_before = False
+            for superseded in command.supersedes:  # earlier generations: fenced first
+                old = self.ledger.setdefault(superseded, LedgerEntry(Outcome.FAILURE, True))
+                undone_before |= old.outcome is Outcome.SUCCESS and not old.tombstone
+            if command.kind is MessageKind.COMPENSATION and undone_before:
+                entry = LedgerEntry(Outcome.SUCCESS)
+            elif command.kind is MessageKind.COMPENSATION:
                 forward = command.compensates
                 if forward is not None and forward not in self.ledger:
                     # Compensation first: a tombstone will refuse the forward command.
@@ -139,6 +149,7 @@ class SagaWorld(RuleBasedStateMachine):
         """The participant never ran it; the intake tells the saga."""
         index = data.draw(st.integers(0, len(self.commands) - 1))
         command = self.commands.pop(index)
+        self.dead.append(command)
         before = self.driver.state
         self._decide(
             before,
@@ -158,6 +169,52 @@ class SagaWorld(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         before = self.driver.state
         self._decide(before, self.driver.tick(seconds))
+
+    @rule(
+        verb=st.sampled_from([v for v in OperatorVerb if v is not OperatorVerb.REPLAY]),
+        index=st.integers(0, 3),
+        resolution=st.sampled_from(["COMPLETED", "COMPENSATED", "FAILED"]),
+    )
+    def an_operator_acts(self, verb: OperatorVerb, index: int, resolution: str) -> None:
+        """Any verb on any step at any moment: refused with a reason, or applied."""
+        name = self.defn.steps[index % len(self.defn.steps)].name
+        before = self.driver.state
+        try:
+            decision = self.driver.apply(
+                OperatorAction(verb, actor="ana", reason="test", step=name, resolution=resolution)
+            )
+        except ActionRefused:
+            assert self.driver.state == before
+            return
+        if verb is OperatorVerb.SKIP_STEP:
+            was, now = before.steps[name].status, decision.state.steps[name].status
+            if now is StepStatus.SUCCEEDED and was is not StepStatus.SUCCEEDED:
+                self.by_hand.add(name)
+            elif now is StepStatus.COMPENSATED and was is not StepStatus.COMPENSATED:
+                self.undone_by_hand.add(name)  # a person says they undid it
+        self._decide(before, decision, operator=True)
+
+    @precondition(lambda self: bool(self.dead))
+    @rule(data=st.data())
+    def an_operator_replays_a_dead_letter(self, data: st.DataObject) -> None:
+        """The held command goes back on its queue, and the saga is told, as replay does."""
+        command = self.dead.pop(data.draw(st.integers(0, len(self.dead) - 1)))
+        before = self.driver.state
+        action = OperatorAction(
+            OperatorVerb.REPLAY,
+            actor="ana",
+            reason="replay",
+            step=command.step,
+            message_kind=command.kind,
+            command_id=command.command_id,
+        )
+        try:
+            decision = self.driver.apply(action)
+        except ActionRefused:
+            assert self.driver.state == before
+            return
+        self.commands.append(command)
+        self._decide(before, decision, operator=True)
 
     @rule()
     def a_bogus_reply_arrives(self) -> None:
@@ -182,18 +239,25 @@ class SagaWorld(RuleBasedStateMachine):
         if not hasattr(self, "driver"):
             return
         state = self.driver.state
+        if any(h.event == "saga_resolved" for d in self.driver.decisions for h in d.history):
+            return  # a person resolved it: what the participants hold is theirs to judge
         if state.status is SagaStatus.COMPLETED:
-            assert all(self.effect.get(s.name) for s in self.defn.steps)
+            for s in self.defn.steps:
+                if s.name in self.by_hand:
+                    # Done by hand: the command that was in flight then is fenced.
+                    assert not self.effect.get(s.name), f"{s.name} done twice"
+                else:
+                    assert self.effect.get(s.name), f"{s.name} has no effect"
         if state.status is SagaStatus.COMPENSATED:
             for s in self.defn.steps:
                 st_ = state.steps[s.name]
                 # Kept on purpose: no compensation defined, or given up and by policy not undone.
                 if st_.status is StepStatus.TIMED_OUT:
-                    assert s.late_reply is not LateReplyPolicy.COMPENSATE, (
+                    assert not s.compensable or s.late_reply is not LateReplyPolicy.COMPENSATE, (
                         f"{s.name} given up, not undone"
                     )
                     continue
-                if st_.status is StepStatus.COMPENSATION_SKIPPED:
+                if st_.status is StepStatus.COMPENSATION_SKIPPED or s.name in self.undone_by_hand:
                     continue
                 assert not self.effect.get(s.name), f"{s.name} still has its effect ({st_.status})"
 
