@@ -50,6 +50,9 @@ class FaultKind(StrEnum):
     """``transient:<n>``: raise ``TransientError`` on the first n tries (retries included)."""
     POISON = "poison"
     """SIGKILL the worker on every delivery, redeliveries and retries included."""
+    REFUSE = "refuse"
+    """A business refusal of the command's first generation; an operator's retry (a new
+    generation, which names the first as superseded) runs."""
 
 
 RELAY = "saga_tasks.relay"

@@ -294,6 +294,10 @@ class ParticipantRuntime:
             fault = None
         try:
             with translated(engine.url), engine.begin() as conn:
+                if fault is not None and fault.kind is faults.FaultKind.REFUSE:
+                    if not command.supersedes:
+                        raise BusinessRejection("demo_refusal", "refused by a demo fault")
+                    fault = None
                 reply, duplicate = self._handle(conn, handler, command, fault, fields)
                 _crash_before_commit(fault, duplicate, fields)
         except BusinessRejection as rejection:

@@ -273,3 +273,45 @@ def test_parked_messages_are_held_and_discarded_with_a_reason(order_app, setting
     assert held_list(app, PARKING, status="discarded")["messages"][0]["resolved_by"] == "ana"
     with pytest.raises(ActionRefused, match="already discarded"):
         discard(app, parked["id"], actor="ana", reason="again")
+
+
+def test_a_refused_compensation_retried_by_an_operator_runs_again(order_app, settings):
+    """The retry is a new generation: the ledger runs it (the old id holds a refusal it
+    would only repeat), the old id is fenced, and the stock comes back once."""
+    app, url = order_app, settings.broker_url
+    declined = {
+        **ORDER,
+        "customer_id": "c-low",
+        "amount_cents": 5_000,
+        "demo_faults": {"inventory.release": "refuse"},
+    }
+    handle = app.start_saga("order", "refused-undo", declined)
+    pump(app, url)
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.MANUAL_REVIEW
+    refused = state.steps["reserve_stock"]
+    assert refused.status is StepStatus.COMPENSATION_FAILED
+    assert scalar(app.engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2
+    act(
+        app,
+        handle.saga_id,
+        "retry_step",
+        step="reserve_stock",
+        actor="ana",
+        reason="stock desk fixed",
+        expect_version=state.version,
+    )
+    pump(app, url)
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.COMPENSATED, state.reason
+    assert state.steps["reserve_stock"].compensation_id != refused.compensation_id
+    assert scalar(app.engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
+    ledger = rows(
+        app.engine,
+        "SELECT command_id::text, kind, outcome FROM inventory.command_ledger "
+        "WHERE saga_id = :s ORDER BY created_at",
+        s=handle.saga_id,
+    )
+    outcomes = {r["command_id"]: r["outcome"] for r in ledger}
+    assert outcomes[refused.compensation_id] == "failure"
+    assert outcomes[state.steps["reserve_stock"].compensation_id] == "success"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from saga_tasks import BusinessKeyConflict, InputError, InvalidPayload, UnknownSagaType
@@ -110,4 +111,25 @@ def test_start_joins_the_callers_session_rollback(order_app, settings):
         session.rollback()
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 0
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.outbox") == 0
+    assert queue_depths(settings.broker_url, ["orders.commands"]) == {"orders.commands": 0}
+
+
+def test_a_start_in_a_rolled_back_savepoint_sends_nothing(order_app, settings):
+    with Session(order_app.engine) as session, session.begin(), session.begin_nested() as sp:
+        order_app.start_saga("order", "tx-sp", ORDER, session=session)
+        sp.rollback()
+    assert order_app.flush()
+    assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 0
+    assert queue_depths(settings.broker_url, ["orders.commands"]) == {"orders.commands": 0}
+
+
+def test_a_rolled_back_start_sends_nothing_when_the_session_commits_later(order_app, settings):
+    with Session(order_app.engine) as session:
+        session.begin()
+        order_app.start_saga("order", "tx-rb", ORDER, session=session)
+        session.rollback()
+        with session.begin():  # unrelated work on the same session
+            session.execute(text("SELECT 1"))
+    assert order_app.flush()
+    assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 0
     assert queue_depths(settings.broker_url, ["orders.commands"]) == {"orders.commands": 0}

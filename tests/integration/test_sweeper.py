@@ -199,3 +199,43 @@ def test_many_due_sagas_are_swept_in_batches(clocked_app, clock, settings):
     assert sorted(m["headers"]["saga_id"] for m in resent) == sorted(h.saga_id for h in handles)
     assert {m["headers"]["saga_attempt"] for m in resent} == {2}
     assert app.orchestrator.sweep().claimed == 0
+
+
+def test_sagas_that_cannot_be_decided_never_starve_the_others(clocked_app, clock, settings):
+    """Compensating sagas past their own deadline, and a saga of a version this process
+    does not load, sort first by wake-up time: with a batch of their size they used to
+    fill every batch of every pass, and no other saga's timeout fired."""
+    app, url = clocked_app, settings.broker_url
+    stuck = [app.start_saga("order", f"t-old-{i}", ORDER) for i in range(3)]
+    drain(url, "orders.commands", limit=10)
+    with app.engine.begin() as conn:
+        # Two compensating past their deadline (their compensation still has time),
+        # one of a version nobody loads: all due an hour ago.
+        conn.exec_driver_sql(
+            "UPDATE saga.saga_step SET status = 'COMPENSATING', "
+            "compensation_id = gen_random_uuid(), deadline = now() + interval '1 hour'"
+        )
+        conn.exec_driver_sql(
+            "UPDATE saga.saga_instance SET status = 'COMPENSATING', "
+            "deadline = now() - interval '1 hour', next_wake_at = now() - interval '1 hour'"
+        )
+        conn.exec_driver_sql(
+            "UPDATE saga.saga_instance SET definition_version = 99 WHERE saga_id = %s",
+            (stuck[2].saga_id,),
+        )
+    waiting = app.start_saga("order", "t-waiting", ORDER)
+    drain(url, "orders.commands", limit=10)
+    clock.advance(31)  # the waiting saga's create_order is due
+    for _ in range(2):  # two passes, each of one batch of three
+        app.orchestrator.sweep(batch=3, max_batches=1)
+    (resent,) = drain(url, "orders.commands", limit=10)
+    assert resent["headers"]["saga_id"] == waiting.saga_id
+    assert app.orchestrator.get(waiting.saga_id).steps["create_order"].attempt == 2
+    unknown = app.orchestrator.get(stuck[2].saga_id)
+    assert unknown.status is SagaStatus.MANUAL_REVIEW
+    assert "version 99" in (unknown.reason or "")
+    for h in stuck[:2]:
+        state = app.orchestrator.get(h.saga_id)
+        assert state.status is SagaStatus.COMPENSATING
+        assert state.next_wake_at() > clock.now(), "due for nothing: not claimed again"
+    assert app.orchestrator.sweep().claimed == 0

@@ -180,13 +180,19 @@ def test_a_replayed_dead_compensation_that_succeeds_completes():
 
 
 def test_a_compensating_saga_past_its_own_deadline_is_not_due_for_it():
-    d = Driver(linear(2))
+    short = saga(
+        "short",
+        step("s0", "p.do0", compensation="p.undo0", queue="p.commands", timeout=30),
+        step("s1", "p.do1", compensation="p.undo1", queue="p.commands", timeout=30),
+        timeout=60,
+    )
+    d = Driver(short)
     d.start()
     d.succeed("s0")
     d.fail("s1")
     assert d.state.status is SagaStatus.COMPENSATING
-    # The saga's deadline (10 min) passes while its compensation waits (30 s timeout,
-    # re-sent a few times): every wake-up the sweeper is given must be acted on.
+    # The saga's deadline (60 s) passes while its compensation waits (30 s timeout,
+    # sent five times): every wake-up the sweeper is given must be acted on.
     for _ in range(12):
         before = d.state
         wake = before.next_wake_at()

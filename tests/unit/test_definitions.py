@@ -160,3 +160,43 @@ def test_any_graph_is_accepted_in_dependency_order_or_refused_as_a_cycle(graph):
     position = {x.name: i for i, x in enumerate(d.steps)}
     for x in d.steps:
         assert all(position[p] < position[x.name] for p in x.depends_on)
+
+
+def test_a_compensation_on_another_participants_queue_is_refused():
+    from saga_tasks import CrossParticipantCompensation, Participant
+
+    orders, inventory = Participant("orders"), Participant("inventory")
+
+    @orders.command("create")
+    def create(ctx):  # pragma: no cover - never run
+        return {}
+
+    @inventory.compensation("release", undoes="create")
+    def release(ctx):  # pragma: no cover - never run
+        return {}
+
+    with pytest.raises(CrossParticipantCompensation, match="more than one queue"):
+        saga("x", step("a", create, compensation=release))
+    with pytest.raises(CrossParticipantCompensation, match="more than one queue"):
+        saga("x", step("a", create, queue="inventory.commands"))
+
+
+def test_the_app_refuses_task_names_of_two_participants_for_one_step():
+    from saga_tasks import CrossParticipantCompensation, Participant, SagaApp, Settings
+
+    orders, inventory = Participant("orders"), Participant("inventory")
+
+    @orders.command("create")
+    def create(ctx):  # pragma: no cover - never run
+        return {}
+
+    @inventory.compensation("release", undoes="create")
+    def release(ctx):  # pragma: no cover - never run
+        return {}
+
+    settings = Settings.from_env({})
+    by_name = saga(
+        "x", step("a", "orders.create", compensation="inventory.release", queue="orders.commands")
+    )
+    with pytest.raises(CrossParticipantCompensation, match="belongs to orders"):
+        SagaApp(sagas=[by_name], participants=[orders, inventory], settings=settings)
