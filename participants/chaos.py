@@ -1,47 +1,67 @@
-"""The chaos run: many order sagas, injected faults, workers SIGKILLed at random, then proof.
+"""The chaos run: many order sagas, injected faults, processes SIGKILLed, RabbitMQ and
+PostgreSQL restarted, an operator acting at random, then proof.
 
     saga-tasks chaos [--sagas 500] [--seconds 300] [--kill-every 3] [--json]
+                     [--broker-restarts 1] [--db-restarts 1] [--outage 3]
+                     [--operator-every 2] [--queue-type classic|quorum]
 
 It makes its own RabbitMQ vhost and PostgreSQL database (unless ``--here``), starts an
-orchestrator, a worker per participant queue, and two beats (one a standby), starts the
-sagas with a mix of faults (crashes before and after commit in participants, in the
+orchestrator, a worker per participant queue, and two beats (one a standby), and starts
+the sagas with a mix of faults (crashes before and after commit in participants, in the
 orchestrator and in outbox recovery; duplicate and slow replies; slow work that outlives
-its timeout; declined payments; missing stock), SIGKILLs a random process every few
-seconds and lets the supervisor restart it. When every saga has ended it stops killing
-and checks, from the database alone:
+its timeout; declined payments; missing stock; commands and compensations that fail
+until they are dead-lettered; a poison message). While they run:
 
-- every saga is COMPLETED, COMPENSATED or FAILED, or in MANUAL_REVIEW with a reason;
-- stock is conserved: each SKU's reserved count is what its held reservations hold, and
-  only completed sagas (or sagas waiting for a person) hold any;
-- no saga has a payment authorized twice, and none left authorized unless it completed;
-  each customer's open total is what their open authorizations hold;
-- only completed sagas have confirmed orders;
-- the history explains every saga: it starts with ``saga_started`` and records how the
-  saga came to its status;
-- nothing is left in any outbox unpublished.
+- a random process is SIGKILLed every few seconds and the supervisor restarts it;
+- RabbitMQ is stopped and started again (``--broker-restarts``), and so is PostgreSQL
+  (``--db-restarts``), each down for ``--outage`` seconds: every worker, beat and
+  publisher loses its connections and must find its way back (``chaos_services``);
+- an operator acts at random (``--operator-every``): retry-step, skip-step, compensate,
+  and replays of held messages, some forced, through the functions the CLI calls
+  (``chaos_operator``);
+- a monitor samples the database for active sagas with nothing in flight and no
+  future wake-up, and for sagas the sweeper claims without progress (``chaos_monitor``).
 
-It prints what it injected and what it found (``--json``: one object whose
-``violations`` lists every broken invariant) and exits 1 on any violation.
+When every saga has ended (or waits for a person), and every planned restart is done,
+it stops the chaos, lets the queues drain, and checks from the database that no
+invariant broke and nothing published was lost (``chaos_checks``). It prints what it
+injected and what it found (``--json``: one object whose ``violations`` lists every
+broken invariant) and exits 1 on any violation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.pool import NullPool
 
+from participants.chaos_checks import (
+    check_invariants,
+    evidence,
+    lost_messages,
+    operator_accounting,
+    saga_ids_in,
+)
+from participants.chaos_monitor import Monitor
+from participants.chaos_operator import RandomOperator
+from participants.chaos_services import OutageRunner, ServiceControl, plan_outages
 from saga_tasks.config import Settings
 from saga_tasks.ops.processes import Supervisor, WorkerProcess, exit_on_sigterm, wait_for
+
+__all__ = ["FAULTS", "check_invariants", "main", "run"]
 
 TIME_SCALE = 0.2
 """Order saga timeouts in a chaos run: create 6 s, authorize 12 s, saga 120 s.
@@ -50,6 +70,11 @@ Short enough that timeouts, re-sends and late replies happen within a run; long
 enough that a worker restarted after a SIGKILL (about a second) does not turn every
 step in its queue into a timeout on a two-core machine.
 """
+
+SWEEP_INTERVAL = 0.5
+RETRY_TIERS = "1,2,3"
+"""Retry queue delays of a chaos run's own vhost: a command that fails on every try is
+dead-lettered within its step's timeout, so the dead letter, not a re-send, decides."""
 
 FAULTS: tuple[tuple[str, dict[str, str] | None, int], ...] = (
     ("none", None, 50),
@@ -77,6 +102,11 @@ FAULTS: tuple[tuple[str, dict[str, str] | None, int], ...] = (
         {"inventory.reserve": "crash_after_commit", "saga_tasks.relay": "crash_after_publish"},
         5,
     ),
+    # A step that cannot be undone, dead-lettered: the saga waits for a person.
+    ("confirm_dead_lettered", {"orders.confirm": "raise"}, 2),
+    # A refused payment whose stock release is dead-lettered: a person again.
+    ("compensation_dead_lettered", {"inventory.release": "raise"}, 2),
+    ("poison_command", {"payments.authorize": "poison"}, 1),
 )
 
 
@@ -113,7 +143,7 @@ def payload_for(kind: str, faults: dict[str, str] | None, rng: random.Random) ->
         "items": [{"sku": f"sku-{rng.randint(1, 10)}", "qty": rng.randint(1, 3)}],
         "amount_cents": rng.randint(500, 20_000),
     }
-    if kind == "declined":
+    if kind in ("declined", "compensation_dead_lettered"):
         payload["customer_id"], payload["amount_cents"] = "c-low", 5_000
     elif kind == "out_of_stock":
         payload["items"] = [{"sku": "sku-empty", "qty": 1}]
@@ -131,7 +161,9 @@ OBSERVED_EVENTS = (
     "duplicate_message",
     "conflicting_reply",
     "invalid_message",
+    "dead_lettered",
     "manual_review",
+    "saga_resumed",
     "demo_fault",
 )
 
@@ -144,16 +176,10 @@ def observed(engine: Any) -> dict[str, int]:
             {"e": list(OBSERVED_EVENTS)},
         )
         found = dict.fromkeys(OBSERVED_EVENTS, 0) | {r[0]: r[1] for r in rows}
-        found["held_dead_letters"] = int(
-            conn.execute(
-                text("SELECT count(*) FROM saga.held_message WHERE holding = 'dead_letter'")
-            ).scalar_one()
-        )
-        found["held_parked"] = int(
-            conn.execute(
-                text("SELECT count(*) FROM saga.held_message WHERE holding = 'parking'")
-            ).scalar_one()
-        )
+        for holding, status, n in conn.execute(
+            text("SELECT holding, status, count(*) FROM saga.held_message GROUP BY 1, 2")
+        ):
+            found[f"held_{holding}_{status}"] = int(n)
         found["outbox_rows_recovered"] = sum(
             int(conn.execute(text(f"SELECT count(*) FROM {s}.outbox WHERE recovered")).scalar_one())  # noqa: S608
             for s in ("saga", "orders", "inventory", "payments")
@@ -161,92 +187,25 @@ def observed(engine: Any) -> dict[str, int]:
     return found
 
 
-def check_invariants(engine: Any) -> tuple[list[str], dict[str, int]]:
-    """Every broken invariant as one line, and the final status counts."""
-    violations: list[str] = []
+def review_reasons(engine: Any) -> dict[str, int]:
+    """Why the sagas that wait for a person wait, their reasons' first words grouped."""
     with engine.connect() as conn:
-
-        def q(sql: str) -> list[Any]:
-            return list(conn.execute(text(sql)))
-
-        statuses = {
-            r[0]: r[1] for r in q("SELECT status, count(*) FROM saga.saga_instance GROUP BY 1")
-        }
-        for saga_id, status in q(
-            "SELECT saga_id, status FROM saga.saga_instance WHERE status IN ('RUNNING', 'COMPENSATING')"
-        ):
-            violations.append(f"saga {saga_id} is still {status}")
-        for (saga_id,) in q(
-            "SELECT saga_id FROM saga.saga_instance WHERE status = 'MANUAL_REVIEW' "
-            "AND coalesce(status_reason, '') = ''"
-        ):
-            violations.append(f"saga {saga_id} is in MANUAL_REVIEW without a reason")
-        # Stock: reserved counts match held reservations, held only by completed sagas.
-        for sku, reserved, held in q(
-            """SELECT s.sku, s.reserved, coalesce(sum((i->>'qty')::int), 0)
-               FROM inventory.stock s
-               LEFT JOIN inventory.reservation r ON r.status = 'RESERVED'
-               LEFT JOIN LATERAL jsonb_array_elements(r.items) i ON i->>'sku' = s.sku
-               GROUP BY s.sku, s.reserved HAVING s.reserved <> coalesce(sum((i->>'qty')::int), 0)"""
-        ):
-            violations.append(f"stock of {sku}: {reserved} reserved, reservations hold {held}")
-        for saga_id, status in q(
-            """SELECT r.saga_id, s.status FROM inventory.reservation r
-               JOIN saga.saga_instance s USING (saga_id)
-               WHERE r.status = 'RESERVED' AND s.status NOT IN ('COMPLETED', 'MANUAL_REVIEW')"""
-        ):
-            violations.append(f"saga {saga_id} is {status} but still holds stock")
-        for saga_id, n in q(
-            """SELECT saga_id, count(*) FROM payments.authorization WHERE status = 'AUTHORIZED'
-               GROUP BY saga_id HAVING count(*) > 1"""
-        ):
-            violations.append(f"saga {saga_id} has {n} payments authorized")
-        for customer_id, total, held in q(
-            """SELECT c.customer_id, c.authorized_cents, coalesce(sum(a.amount_cents), 0)
-               FROM payments.customer c
-               LEFT JOIN payments.authorization a
-                 ON a.customer_id = c.customer_id AND a.status = 'AUTHORIZED'
-               GROUP BY c.customer_id, c.authorized_cents
-               HAVING c.authorized_cents <> coalesce(sum(a.amount_cents), 0)"""
-        ):
-            violations.append(
-                f"customer {customer_id}: {total} cents authorized, open authorizations hold {held}"
+        rows = conn.execute(
+            text(
+                "SELECT status_reason, count(*) FROM saga.saga_instance "
+                "WHERE status = 'MANUAL_REVIEW' GROUP BY 1"
             )
-        for saga_id, status in q(
-            """SELECT a.saga_id, s.status FROM payments.authorization a
-               JOIN saga.saga_instance s USING (saga_id)
-               WHERE a.status = 'AUTHORIZED' AND s.status NOT IN ('COMPLETED', 'MANUAL_REVIEW')"""
-        ):
-            violations.append(f"saga {saga_id} is {status} but its payment is still authorized")
-        for saga_id, status in q(
-            """SELECT o.saga_id, s.status FROM orders.orders o JOIN saga.saga_instance s USING (saga_id)
-               WHERE o.status = 'CONFIRMED' AND s.status NOT IN ('COMPLETED', 'MANUAL_REVIEW')"""
-        ):
-            violations.append(f"saga {saga_id} is {status} but its order is confirmed")
-        # History explains every saga.
-        final_event = {
-            "COMPLETED": "saga_completed",
-            "COMPENSATED": "saga_compensated",
-            "MANUAL_REVIEW": "manual_review",
-        }
-        for saga_id, status, first, events in q(
-            """SELECT s.saga_id, s.status,
-                      (SELECT event FROM saga.saga_history h WHERE h.saga_id = s.saga_id ORDER BY id LIMIT 1),
-                      (SELECT array_agg(DISTINCT event) FROM saga.saga_history h WHERE h.saga_id = s.saga_id)
-               FROM saga.saga_instance s"""
-        ):
-            if first != "saga_started":
-                violations.append(f"saga {saga_id}: history does not start with saga_started")
-            wanted = final_event.get(status)
-            if wanted and wanted not in (events or []):
-                violations.append(f"saga {saga_id} is {status} but its history has no {wanted}")
-        for schema in ("saga", "orders", "inventory", "payments"):
-            (left,) = conn.execute(
-                text(f"SELECT count(*) FROM {schema}.outbox WHERE published_at IS NULL")  # noqa: S608
-            ).one()
-            if left:
-                violations.append(f"{left} messages never published from {schema}.outbox")
-    return violations, statuses
+        )
+        reasons: Counter[str] = Counter()
+        for reason, n in rows:
+            reasons[_reason_kind(reason or "")] += int(n)
+    return dict(reasons.most_common())
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its ids and numbers, so that like reasons count together."""
+    words = [w for w in reason.split() if not any(c.isdigit() for c in w)]
+    return " ".join(words)[:90]
 
 
 def run(args: Any) -> int:
@@ -277,31 +236,44 @@ def _admin_url(database_url: str) -> str:
     return make_url(database_url).set(database="postgres").render_as_string(hide_password=False)
 
 
+def _settings_env(args: Any, database_url: str, broker_url: str) -> dict[str, str]:
+    env = {
+        "SAGA_DATABASE_URL": database_url,
+        "SAGA_BROKER_URL": broker_url,
+        "SAGA_TASKS_DEMO_FAULTS": "1",
+        "ORDER_SAGA_TIME_SCALE": str(TIME_SCALE),
+        "SAGA_SWEEP_INTERVAL": str(SWEEP_INTERVAL),
+        "SAGA_RELAY_INTERVAL": "0.5",
+        "SAGA_RELAY_MIN_AGE": "1",
+        "SAGA_INTAKE_INTERVAL": "0.5",
+        "SAGA_BEAT_LOCK_TIMEOUT": "3",
+        "SAGA_TASKS_APP": "participants.app:saga_app",
+    }
+    if not args.here:  # queue arguments are fixed once declared: only in a vhost of our own
+        env["SAGA_RETRY_TIERS"] = RETRY_TIERS
+        env["SAGA_QUEUE_TYPE"] = args.queue_type or "classic"
+    elif args.queue_type:
+        env["SAGA_QUEUE_TYPE"] = args.queue_type
+    return env
+
+
 def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
-    os.environ.update(
-        {
-            "SAGA_DATABASE_URL": database_url,
-            "SAGA_BROKER_URL": broker_url,
-            "SAGA_TASKS_DEMO_FAULTS": "1",
-            "ORDER_SAGA_TIME_SCALE": str(TIME_SCALE),
-            "SAGA_SWEEP_INTERVAL": "0.5",
-            "SAGA_RELAY_INTERVAL": "0.5",
-            "SAGA_RELAY_MIN_AGE": "1",
-            "SAGA_BEAT_LOCK_TIMEOUT": "3",
-            "SAGA_TASKS_APP": "participants.app:saga_app",
-        }
-    )
+    os.environ.update(_settings_env(args, database_url, broker_url))
     upgrade(database_url)
     from participants.app import saga_app
     from participants.seed import seed
     from saga_tasks.messaging.topology import declare_topology
 
+    started_at = time.monotonic()
+
     def say(line: str) -> None:
         if not args.json:
-            print(line, flush=True)
+            print(f"{time.monotonic() - started_at:7.1f}s  {line}", flush=True)
 
     declare_topology(broker_url, saga_app.topology)
     seed(saga_app.engine)
+    # The run's own reads: a fresh connection each, so a database restart costs one try.
+    probe = create_engine(database_url, poolclass=NullPool, connect_args={"connect_timeout": 3})
     log_dir = Path(args.log_dir)
     injected = Injected()
 
@@ -309,9 +281,46 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         injected.restarts += 1
 
     supervisor = Supervisor(chaos_processes(dict(os.environ), log_dir), on_restart=restarted)
-    say(f"chaos: {args.sagas} sagas, a process killed every {args.kill_every}s, logs in {log_dir}/")
+    load_seconds = args.sagas * args.interval
+    plan = plan_outages(
+        broker_restarts=args.broker_restarts,
+        database_restarts=args.db_restarts,
+        load_seconds=load_seconds,
+        down_for=args.outage,
+        gap=args.restart_gap,
+    )
+    say(
+        f"chaos: {args.sagas} sagas over {load_seconds:.0f}s, a process killed every "
+        f"{args.kill_every}s, outages {[f'{o.kind}@{o.at:.0f}s' for o in plan]}, an operator "
+        f"every {args.operator_every}s, {os.environ.get('SAGA_QUEUE_TYPE', 'classic')} queues, "
+        f"logs in {log_dir}/"
+    )
     supervisor.start()
+    started_at = time.monotonic()
     rng = random.Random(args.seed)  # noqa: S311 - a reproducible run, not a secret
+    keys = f"chaos-{uuid.uuid4().hex[:6]}-"  # a run's own business keys, also with --here
+    outages = OutageRunner(
+        ServiceControl(broker_url, database_url, broker_mode=args.broker_restart_mode),
+        plan,
+        started_at,
+        on_event=say,
+    )
+    monitor = Monitor(
+        database_url,
+        started_at,
+        interval=args.sample_every,
+        overdue_after=args.overdue_after,
+        outages=outages.windows,
+    )
+    operator = RandomOperator(
+        saga_app,
+        database_url,
+        random.Random(args.seed + 1),  # noqa: S311 - reproducible
+        args.operator_every,
+        started_at,
+        force_ratio=args.force_ratio,
+        keys=keys,
+    )
     stop_killing = threading.Event()
 
     def killer() -> None:
@@ -322,109 +331,223 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
                 supervisor.kill(victim)
 
     killing = threading.Thread(target=killer, daemon=True, name="killer")
-    started_at = time.monotonic()
     deadline = started_at + args.seconds
+    queues_left: dict[str, int] = {}
     try:
-        killing.start()
+        monitor.start()
+        outages.start()
+        if args.kill_every > 0:
+            killing.start()
+        if args.operator_every > 0:
+            operator.start()
         weights = [w for _, _, w in FAULTS]
         for i in range(args.sagas):
             kind, faults, _ = rng.choices(FAULTS, weights)[0]
             injected.faults[kind] += 1
-            _start_with_retry(saga_app, f"chaos-{i:05d}", payload_for(kind, faults, rng))
+            _start_with_retry(saga_app, f"{keys}{i:05d}", payload_for(kind, faults, rng))
             time.sleep(args.interval)
-        say(
-            f"all {args.sagas} started in {time.monotonic() - started_at:.1f}s; waiting for them to end"
-        )
+        say(f"all {args.sagas} started; waiting for them to end")
 
-        def active() -> int:
-            with saga_app.engine.connect() as conn:
-                return int(
-                    conn.execute(
-                        text(
-                            "SELECT count(*) FROM saga.saga_instance WHERE status IN ('RUNNING','COMPENSATING')"
-                        )
-                    ).scalar_one()
-                )
+        def waiting() -> int:
+            """Active sagas the run still waits for: those the monitor flagged are done."""
+            return len(_retrying(lambda: _active_ids(probe)) - monitor.flagged())
 
-        while active() and time.monotonic() < deadline:
+        while (waiting() or not outages.done()) and time.monotonic() < deadline:
             time.sleep(1)
+        say("stopping the chaos; settling")
         stop_killing.set()
-        killing.join()
-        # Settle: no more kills; let recovery, sweeps and late replies finish.
-        try:
+        operator.stop()
+        outages.stop()
+        if killing.is_alive():
+            killing.join()
+        # Settle: no more kills; let recovery, sweeps, late replies and the intake finish.
+        with contextlib.suppress(AssertionError):
             wait_for(
-                lambda: active() == 0 and _unpublished(saga_app) == 0, timeout=90, interval=0.5
+                lambda: waiting() == 0 and _retrying(lambda: _unpublished(probe, saga_app)) == 0,
+                timeout=90,
+                interval=0.5,
             )
-            time.sleep(3 * 0.5 + 1)  # one more sweep and recovery pass for stragglers
-        except AssertionError:
-            pass
+        queues_left = _drain(broker_url, saga_app)
     finally:
         stop_killing.set()
+        operator.stop()
+        outages.stop()
+        monitor.stop()
         supervisor.stop()
         from saga_tasks.tasks import forget_beat_state
 
         forget_beat_state(saga_app.settings)
-    violations, statuses = check_invariants(saga_app.engine)
+    say("checking")
+    violations, statuses = check_invariants(probe)
+    violations += monitor.violations()
+    violations += lost_messages(probe)
+    violations += operator_accounting(probe, operator.done)
+    violations += [f"{n} messages left in queue {q}" for q, n in queues_left.items() if n]
+    harness_errors = outages.errors()
     elapsed = time.monotonic() - started_at
     report = {
         "sagas": args.sagas,
         "seconds": round(elapsed, 1),
+        "queue_type": os.environ.get("SAGA_QUEUE_TYPE", "classic"),
         "injected": {
             "faults": dict(injected.faults),
             "kills": dict(injected.kills),
             "restarts": injected.restarts,
+            "outages": [o.report() for o in plan],
+            "operator": operator.report(),
         },
-        "found": {"statuses": statuses, "events": observed(saga_app.engine)},
+        "found": {
+            "statuses": statuses,
+            "manual_review_reasons": review_reasons(probe),
+            "events": observed(probe),
+            "monitor": monitor.report(),
+        },
         "violations": violations,
+        "evidence": evidence(probe, saga_ids_in(violations)),
+        "harness_errors": harness_errors,
     }
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print_report(report)
+    probe.dispose()
     saga_app.close()
     from saga_tasks.persistence.db import dispose_all
 
     dispose_all()
-    return 1 if violations else 0
+    return 1 if violations or harness_errors else 0
+
+
+def _retrying(read: Callable[[], Any], timeout: float = 120.0) -> Any:
+    """A read of the run's own that waits out a database restart."""
+    from sqlalchemy.exc import DBAPIError
+
+    give_up = time.monotonic() + timeout
+    while True:
+        try:
+            return read()
+        except DBAPIError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.5)
+
+
+def _active_ids(engine: Any) -> set[str]:
+    with engine.connect() as conn:
+        return {
+            r[0]
+            for r in conn.execute(
+                text(
+                    "SELECT saga_id::text FROM saga.saga_instance "
+                    "WHERE status IN ('RUNNING', 'COMPENSATING')"
+                )
+            )
+        }
 
 
 def _start_with_retry(app: Any, key: str, payload: dict[str, Any]) -> None:
+    """Start a saga; while the database is away, try again (a start is idempotent)."""
     from saga_tasks.errors import ServiceUnavailable
 
-    for attempt in range(5):
+    give_up = time.monotonic() + 120
+    while True:
         try:
             app.start_saga("order", key, payload)
             return
         except ServiceUnavailable:
-            time.sleep(0.5 * (attempt + 1))
-    app.start_saga("order", key, payload)
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.5)
 
 
-def _unpublished(app: Any) -> int:
-    with app.engine.connect() as conn:
+def _unpublished(engine: Any, app: Any) -> int:
+    with engine.connect() as conn:
         return sum(
             int(conn.execute(select(func.count()).where(t.c.published_at.is_(None))).scalar_one())
             for t in app.outbox_tables()
         )
 
 
+def _drain(broker_url: str, app: Any, timeout: float = 60.0) -> dict[str, int]:
+    """Wait until no queue holds a message, ready or unacknowledged; what is left."""
+    from saga_tasks.messaging.topology import MAINTENANCE_QUEUE
+
+    names = [q.name for q in app.topology.all_queues() if q.name != MAINTENANCE_QUEUE]
+    left: dict[str, int] = {}
+
+    def empty() -> bool:
+        nonlocal left
+        try:
+            left = _queue_backlog(broker_url, names)
+        except Exception:  # noqa: BLE001 - not reachable this moment: not drained
+            return False
+        return not any(left.values())
+
+    with contextlib.suppress(AssertionError):
+        wait_for(empty, timeout=timeout, interval=0.5)
+    return {q: n for q, n in left.items() if n}
+
+
+def _queue_backlog(broker_url: str, names: Sequence[str]) -> dict[str, int]:
+    """Messages per queue, ready and unacknowledged (the management API), or ready only
+    (passive declares) where the API is not there."""
+    from urllib.parse import unquote, urlsplit
+
+    from saga_tasks.ops.isolation import RabbitAdmin, queue_depths
+
+    admin = RabbitAdmin()
+    if admin.available():
+        vhost = unquote(urlsplit(broker_url).path[1:]) or "/"
+        from urllib.parse import quote
+
+        found = {
+            q["name"]: int(q.get("messages", 0) or 0)
+            for q in admin._request("GET", f"/queues/{quote(vhost, safe='')}")
+        }
+        return {n: found.get(n, 0) for n in names}
+    return queue_depths(broker_url, names)
+
+
 def _print_report(report: dict[str, Any]) -> None:
-    print(f"\ninjected faults ({report['sagas']} sagas)")
-    for kind, n in sorted(report["injected"]["faults"].items()):
+    injected = report["injected"]
+    print(f"\ninjected faults ({report['sagas']} sagas, {report['queue_type']} queues)")
+    for kind, n in sorted(injected["faults"].items()):
         print(f"  {kind:<34} {n:>5}")
     print("SIGKILLs")
-    for name, n in sorted(report["injected"]["kills"].items()):
+    for name, n in sorted(injected["kills"].items()):
         print(f"  {name:<34} {n:>5}")
-    print(f"  {'restarts by the supervisor':<34} {report['injected']['restarts']:>5}")
+    print(f"  {'restarts by the supervisor':<34} {injected['restarts']:>5}")
+    print("outages")
+    for o in injected["outages"]:
+        print(
+            f"  {o['kind']:<10} down at {o['stopped_at']}s, back at {o['back_at']}s"
+            + (f"  ERROR {o['error']}" if o["error"] else "")
+        )
+    op = injected["operator"]
+    print(f"operator actions ({op['attempts']} tried, {op['done']} accepted)")
+    for what, n in op["by_outcome"].items():
+        print(f"  {what:<34} {n:>5}")
+    for line in op["errors"][:20]:
+        print(f"  error: {line}")
     print("found")
     for status, n in sorted(report["found"]["statuses"].items()):
         print(f"  {status:<34} {n:>5}")
+    for reason, n in report["found"]["manual_review_reasons"].items():
+        print(f"    {n:>5}  {reason}")
     for event, n in report["found"]["events"].items():
         print(f"  {event:<34} {n:>5}")
+    for key, value in report["found"]["monitor"].items():
+        print(f"  monitor {key:<26} {value:>5}")
+    for line in report["harness_errors"]:
+        print(f"HARNESS ERROR {line}")
     if report["violations"]:
         print(f"\n{len(report['violations'])} VIOLATIONS")
         for line in report["violations"][:50]:
             print(f"  {line}")
+        for saga_id, lines in report["evidence"].items():
+            print(f"\nsaga {saga_id}")
+            for line in lines:
+                print(f"  {line}")
     else:
         print(f"\nno invariant broken ({report['seconds']}s)")
 
@@ -432,9 +555,56 @@ def _print_report(report: dict[str, Any]) -> None:
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--sagas", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=300.0, help="budget for the sagas to end")
-    parser.add_argument("--kill-every", type=float, default=3.0, help="seconds between SIGKILLs")
+    parser.add_argument(
+        "--kill-every", type=float, default=3.0, help="seconds between SIGKILLs (0: none)"
+    )
     parser.add_argument("--interval", type=float, default=0.08, help="seconds between starts")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--broker-restarts", type=int, default=1, help="RabbitMQ restarts during the run"
+    )
+    parser.add_argument(
+        "--db-restarts", type=int, default=1, help="PostgreSQL restarts during the run"
+    )
+    parser.add_argument(
+        "--outage", type=float, default=3.0, help="seconds a restarted service stays down"
+    )
+    parser.add_argument(
+        "--restart-gap", type=float, default=12.0, help="least seconds between two restarts"
+    )
+    parser.add_argument(
+        "--broker-restart-mode",
+        choices=("app", "node"),
+        default="app",
+        help="app: rabbitmqctl stop_app/start_app; node: the whole node down and up",
+    )
+    parser.add_argument(
+        "--operator-every",
+        type=float,
+        default=2.0,
+        help="seconds between random operator actions (0: none)",
+    )
+    parser.add_argument(
+        "--force-ratio",
+        type=float,
+        default=0.3,
+        help="share of refused replays the operator forces",
+    )
+    parser.add_argument(
+        "--queue-type",
+        choices=("classic", "quorum"),
+        default=None,
+        help="queue type of the run's own vhost (default classic)",
+    )
+    parser.add_argument(
+        "--sample-every", type=float, default=1.0, help="seconds between monitor samples"
+    )
+    parser.add_argument(
+        "--overdue-after",
+        type=float,
+        default=30.0,
+        help="seconds a due saga may stay unchanged before it is a violation",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--here", action="store_true", help="use SAGA_DATABASE_URL and SAGA_BROKER_URL"
