@@ -2,8 +2,9 @@
 
 Once a second (by default) the monitor reads the active sagas and looks for:
 
-- **a dead end**: an active saga with no command in flight (no step REQUESTED or
-  COMPENSATING) and no future ``next_wake_at``: nothing will ever move it;
+- **a dead end**: an active saga with nothing in flight (by the saga model: a step's
+  command, its compensation, or the fence of a command of a step done by hand) and no
+  future ``next_wake_at``: nothing will ever move it;
 - **a sweep that claims without progress**: the sweeper claims due sagas in order of
   ``next_wake_at`` (SKIP LOCKED). So when, between two samples, the sweeper moved a
   saga T (a history entry of its own: actor ``system``, neither causation nor message
@@ -50,16 +51,20 @@ _SWEPT = text(
        AND causation_id IS NULL AND message_id IS NULL
        AND event NOT IN ('saga_started', 'demo_fault')"""
 )
-_DEAD_END = text(
-    """SELECT s.saga_id::text, s.status, s.version, s.next_wake_at,
-              (SELECT string_agg(st.step || '=' || st.status, ' ' ORDER BY st.position)
-               FROM saga.saga_step st WHERE st.saga_id = s.saga_id)
-       FROM saga.saga_instance s
-       WHERE s.status IN ('RUNNING', 'COMPENSATING')
-       AND (s.next_wake_at IS NULL OR s.next_wake_at <= :now)
-       AND NOT EXISTS (SELECT 1 FROM saga.saga_step st WHERE st.saga_id = s.saga_id
-                       AND st.status IN ('REQUESTED', 'COMPENSATING'))"""
+_IDLE = text(
+    """SELECT saga_id::text FROM saga.saga_instance
+       WHERE status IN ('RUNNING', 'COMPENSATING')
+       AND (next_wake_at IS NULL OR next_wake_at <= :now)"""
 )
+
+
+def in_flight(step: Any) -> bool:
+    """What the saga model says is out and awaited for a step (a command, a
+    compensation, or the fence of a command of a step done by hand)."""
+    from saga_tasks.states import IN_FLIGHT
+
+    said = getattr(step, "in_flight", None)
+    return bool(said) if said is not None else step.status in IN_FLIGHT
 
 
 @dataclass(frozen=True)
@@ -143,18 +148,31 @@ class Monitor:
         now = datetime.now(UTC)
         with self._engine.connect() as conn:
             due = {r[0]: Due(int(r[1]), r[2], r[3]) for r in conn.execute(_DUE, {"now": now})}
-            for saga_id, status, version, wake, steps in conn.execute(_DEAD_END, {"now": now}):
-                self._found(
-                    "dead end",
-                    saga_id,
-                    f"{status} v{version} with no command in flight and next_wake_at {wake}"
-                    f" ({steps})",
-                )
+            self._dead_ends(conn, now)
             if self._previous is not None:
                 self._stalls(conn, *self._previous, now, due)
         self._overdue(now, due)
         self._previous = (now, due)
         self.samples += 1
+
+    def _dead_ends(self, conn: Any, now: datetime) -> None:
+        """Active sagas with nothing in flight, by the saga model, and no future wake-up."""
+        from saga_tasks.persistence.sagas import load
+
+        for (saga_id,) in conn.execute(_IDLE, {"now": now}):
+            state = load(conn, saga_id)
+            if state is None or state.status.value not in ("RUNNING", "COMPENSATING"):
+                continue
+            wake = state.next_wake_at()
+            if any(in_flight(st) for st in state.steps.values()) or (wake and wake > now):
+                continue
+            steps = " ".join(f"{n}={st.status.value}" for n, st in state.steps.items())
+            self._found(
+                "dead end",
+                saga_id,
+                f"{state.status.value} v{state.version} with no command in flight and "
+                f"next_wake_at {wake} ({steps})",
+            )
 
     def _stalls(
         self,

@@ -1,14 +1,15 @@
 """Service outages for the chaos run: RabbitMQ and PostgreSQL stopped and started again.
 
 An outage stops the service for ``down_for`` seconds, starts it and waits until it
-answers. The commands are the local machine's (a Debian PostgreSQL cluster, a local
-RabbitMQ node); both restarts end every client connection, as a crash or a
-maintenance restart of the service would:
+answers (an AMQP connection to the run's vhost, a query to the run's database). The
+commands are the local machine's (a Debian PostgreSQL cluster, a local RabbitMQ node);
+both restarts end every client connection, as a crash or a maintenance restart of the
+service would:
 
 - RabbitMQ, mode ``app``: ``rabbitmqctl stop_app`` / ``start_app`` (the node's
   applications stop; every connection closes; queues come back from disk);
-  mode ``node``: ``rabbitmqctl shutdown`` / ``rabbitmq-server -detached`` and
-  ``rabbitmqctl await_startup`` (the whole Erlang node goes and comes back);
+  mode ``node``: ``rabbitmqctl shutdown`` / ``rabbitmq-server -detached`` (the whole
+  Erlang node goes and comes back);
 - PostgreSQL: ``pg_ctlcluster --skip-systemctl-redirect <version> main stop -m fast``
   (every session is ended, open transactions roll back) / ``start``, the version
   found under ``/etc/postgresql``.
@@ -77,8 +78,9 @@ class ServiceControl:
     def start(self, kind: str) -> None:
         if kind == BROKER:
             if self.broker_mode == "node":
+                # The node registers with epmd a moment after -detached returns; until then
+                # await_startup fails at once. Whether it answers is awaited by the caller.
                 _run(["rabbitmq-server", "-detached"])
-                _run(["rabbitmqctl", "await_startup", "--timeout", "120"], timeout=150)
             else:
                 _run(["rabbitmqctl", "start_app"])
         else:
@@ -209,9 +211,17 @@ class OutageRunner:
                 outage.error = (outage.error + "; " if outage.error else "") + f"start: {exc}"
 
     def _bring_back(self, kind: str) -> None:
+        """Start the service unless it answers, and wait until it does."""
+        failed: Exception | None = None
         if not self.control.answers(kind):
-            self.control.start(kind)
-        self.control.wait_answers(kind)
+            try:
+                self.control.start(kind)
+            except Exception as exc:  # noqa: BLE001 - it may answer all the same
+                failed = exc
+        try:
+            self.control.wait_answers(kind)
+        except AssertionError as exc:
+            raise RuntimeError(f"{failed or exc}; it does not answer") from exc
         with self._lock:
             self._down.discard(kind)
 
