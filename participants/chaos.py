@@ -10,7 +10,8 @@ orchestrator, a worker per participant queue, and two beats (one a standby), and
 the sagas with a mix of faults (crashes before and after commit in participants, in the
 orchestrator and in outbox recovery; duplicate and slow replies; slow work that outlives
 its timeout; declined payments; missing stock; commands and compensations that fail
-until they are dead-lettered; a poison message). While they run:
+until they are dead-lettered; a compensation refused until a person retries it; a
+poison message). While they run:
 
 - a random process is SIGKILLed every few seconds and the supervisor restarts it;
 - RabbitMQ is stopped and started again (``--broker-restarts``), and so is PostgreSQL
@@ -106,6 +107,8 @@ FAULTS: tuple[tuple[str, dict[str, str] | None, int], ...] = (
     ("confirm_dead_lettered", {"orders.confirm": "raise"}, 2),
     # A refused payment whose stock release is dead-lettered: a person again.
     ("compensation_dead_lettered", {"inventory.release": "raise"}, 2),
+    # A refused payment whose stock release is refused too, until a person retries it.
+    ("compensation_refused", {"inventory.release": "refuse"}, 2),
     ("poison_command", {"payments.authorize": "poison"}, 1),
 )
 
@@ -143,7 +146,7 @@ def payload_for(kind: str, faults: dict[str, str] | None, rng: random.Random) ->
         "items": [{"sku": f"sku-{rng.randint(1, 10)}", "qty": rng.randint(1, 3)}],
         "amount_cents": rng.randint(500, 20_000),
     }
-    if kind in ("declined", "compensation_dead_lettered"):
+    if kind in ("declined", "compensation_dead_lettered", "compensation_refused"):
         payload["customer_id"], payload["amount_cents"] = "c-low", 5_000
     elif kind == "out_of_stock":
         payload["items"] = [{"sku": "sku-empty", "qty": 1}]

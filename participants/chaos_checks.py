@@ -15,7 +15,9 @@ and returns every broken invariant as one line:
 - only completed sagas (or sagas waiting for a person, or undone by hand) hold stock,
   a payment or a confirmed order;
 - the history explains every saga: it starts with ``saga_started``, records how the
-  saga reached its status, and every operator entry names its actor and reason;
+  saga reached its status, and every operator entry names its actor and reason; no
+  reply is classified as conflicting (the run's participants never contradict
+  themselves: a ledger answers each command id once, always the same way);
 - a command the saga state says was sent has its outbox row (invariant 1), and no
   outbox row is left unpublished;
 - nothing published was lost: every reply a participant published reached the
@@ -276,6 +278,15 @@ def _history(q: Any) -> list[str]:
         wanted = FINAL_EVENT.get(status)
         if wanted and wanted not in (events or []):
             found.append(f"saga {saga_id} is {status} but its history has no {wanted}")
+    # The run's participants never contradict themselves (a ledger answers a command
+    # once, the same way): a conflict is the orchestrator misreading an answer.
+    for saga_id, step, reason in q(
+        "SELECT saga_id, step, reason FROM saga.saga_history WHERE event = 'conflicting_reply'"
+    ):
+        found.append(
+            f"saga {saga_id}: a reply of step {step} was taken as conflicting ({reason}), "
+            "yet no participant contradicts itself"
+        )
     for saga_id, event, actor in q(
         """SELECT saga_id, event, actor FROM saga.saga_history
            WHERE event LIKE 'operator%' AND (actor = :system OR coalesce(reason, '') = '')""",

@@ -175,10 +175,12 @@ def test_the_checker_holds_each_step_to_its_effect_and_counts_what_operators_did
     with engine.begin() as conn:
         _history(conn, saga_id, "step_compensated", "reserve_stock", "ana", "COMPENSATING")
         _history(conn, saga_id, "operator_skip_step", "reserve_stock", "system", reason="")
+        _history(conn, saga_id, "conflicting_reply", "reserve_stock", "system", reason="x")
     violations = " | ".join(check_invariants(engine)[0])
     assert "still holds stock" not in violations
     assert "reserve_stock is COMPENSATED but its effect is there" not in violations
     assert "history entry operator_skip_step by 'system' lacks actor or reason" in violations
+    assert "a reply of step reserve_stock was taken as conflicting (x)" in violations
 
     assert operator_accounting(engine, [Done(saga_id, "compensate", "ana")]) == [
         f"saga {saga_id}: 1 operator_compensate by ana done, 0 in its history"
