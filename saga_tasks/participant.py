@@ -450,21 +450,12 @@ class ParticipantRuntime:
         the step is undone, and this generation must not undo it twice.
         """
         for superseded in command.supersedes:
-            placed = self._ledger.place_tombstone(
+            placed = self._tombstone(
                 conn,
-                ledger_sql.Claim(
-                    command_id=superseded,
-                    saga_id=command.saga_id,
-                    step=command.step,
-                    kind=ledger_sql.TOMBSTONE,
-                    task_name=handler.task_name,
-                    compensates=command.compensates,
-                ),
-                reply=_Reply(
-                    Outcome.FAILURE, None, SUPERSEDED, "a newer generation of it was sent"
-                ).stored(),
-                reply_message_id=reply_id_for(superseded),
-                outcome=Outcome.FAILURE.value,
+                command,
+                superseded,
+                task_name=handler.task_name,
+                refusal=(SUPERSEDED, "a newer generation of it was sent"),
                 now=now,
             )
             if not placed and self._ledger.outcome(conn, superseded) == Outcome.SUCCESS.value:
@@ -481,21 +472,12 @@ class ParticipantRuntime:
         """
         forward_id = command.compensates
         assert forward_id is not None
-        tombstone_reply = _Reply(
-            Outcome.FAILURE, None, TOMBSTONED, "the compensation of this command ran before it"
-        )
-        placed = self._ledger.place_tombstone(
+        placed = self._tombstone(
             conn,
-            ledger_sql.Claim(
-                command_id=forward_id,
-                saga_id=command.saga_id,
-                step=command.step,
-                kind=ledger_sql.TOMBSTONE,
-                task_name=f"{self.participant.name}.{handler.undoes or '?'}",
-            ),
-            reply=tombstone_reply.stored(),
-            reply_message_id=reply_id_for(forward_id),
-            outcome=Outcome.FAILURE.value,
+            command,
+            forward_id,
+            task_name=f"{self.participant.name}.{handler.undoes or '?'}",
+            refusal=(TOMBSTONED, "the compensation of this command ran before it"),
             now=now,
         )
         if placed:
@@ -503,6 +485,34 @@ class ParticipantRuntime:
         if self._ledger.outcome(conn, forward_id) == Outcome.FAILURE.value:
             return "the forward command was refused, so it changed nothing"
         return None
+
+    def _tombstone(
+        self,
+        conn: Connection,
+        command: Command,
+        target_id: str,
+        *,
+        task_name: str,
+        refusal: tuple[str, str],
+        now: datetime,
+    ) -> bool:
+        """Claim ``target_id`` with a refusal, so the command it names never runs here;
+        False if that id was claimed already (it ran, or is running: this waited for it)."""
+        code, text = refusal
+        return self._ledger.place_tombstone(
+            conn,
+            ledger_sql.Claim(
+                command_id=target_id,
+                saga_id=command.saga_id,
+                step=command.step,
+                kind=ledger_sql.TOMBSTONE,
+                task_name=task_name,
+            ),
+            reply=_Reply(Outcome.FAILURE, None, code, text).stored(),
+            reply_message_id=reply_id_for(target_id),
+            outcome=Outcome.FAILURE.value,
+            now=now,
+        )
 
     def _reply_message(self, command: Command, reply_id: str, reply: _Reply) -> OutboundMessage:
         return reply_message(
