@@ -98,10 +98,12 @@ FAULTS: tuple[tuple[str, dict[str, str] | None, int], ...] = (
         {"saga_tasks.reply@create_order": "crash_after_publish"},
         4,
     ),
+    # Kills a maintenance worker (solo: ~5 s to come back) each time: rarer than the rest,
+    # or recovery would do nothing but restart, and no sweep would run meanwhile.
     (
         "relay_crash_after_publish",
         {"inventory.reserve": "crash_after_commit", "saga_tasks.relay": "crash_after_publish"},
-        5,
+        1,
     ),
     # A step that cannot be undone, dead-lettered: the saga waits for a person.
     ("confirm_dead_lettered", {"orders.confirm": "raise"}, 2),
@@ -122,11 +124,19 @@ class Injected:
 
 def chaos_processes(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
     app = "participants.app"
+    # A crash fault kills the process that runs the message. In a solo worker that is the
+    # whole worker, back after a restart of ~5 s on two cores; with a crash fault in one
+    # saga out of ~25 at 12 sagas/s, a solo worker would do nothing but restart. So the
+    # participants run prefork (a crash costs a pool child), and beat's tasks (sweeps,
+    # recovery and intake share one queue) have two solo workers: recovery killed by its
+    # fault does not stop every sweep while its worker restarts. The killer's SIGKILLs
+    # still take down whole workers, solo and prefork alike.
     specs = [
         ("orchestrator", ["saga.replies"], "prefork", 2),
-        ("maintenance", ["saga.maintenance"], "solo", 1),
-        ("orders", ["orders.commands"], "solo", 1),
-        ("inventory", ["inventory.commands"], "solo", 1),
+        ("maintenance-a", ["saga.maintenance"], "solo", 1),
+        ("maintenance-b", ["saga.maintenance"], "solo", 1),
+        ("orders", ["orders.commands"], "prefork", 2),
+        ("inventory", ["inventory.commands"], "prefork", 2),
         ("payments", ["payments.commands"], "prefork", 4),
     ]
     processes = [
@@ -140,7 +150,9 @@ def chaos_processes(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
     return processes
 
 
-def payload_for(kind: str, faults: dict[str, str] | None, rng: random.Random) -> dict[str, Any]:
+def payload_for(
+    kind: str, faults: dict[str, str] | None, rng: random.Random, time_scale: float = TIME_SCALE
+) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "customer_id": f"c-{rng.randint(1, 20)}",
         "items": [{"sku": f"sku-{rng.randint(1, 10)}", "qty": rng.randint(1, 3)}],
@@ -152,6 +164,8 @@ def payload_for(kind: str, faults: dict[str, str] | None, rng: random.Random) ->
         payload["items"] = [{"sku": "sku-empty", "qty": 1}]
     if faults:
         payload["demo_faults"] = dict(faults)
+        if kind == "slower_than_its_timeout":  # the payment's timeout is 60 s, scaled
+            payload["demo_faults"]["payments.authorize"] = f"slow:{60 * time_scale + 3:g}"
     return payload
 
 
@@ -244,7 +258,7 @@ def _settings_env(args: Any, database_url: str, broker_url: str) -> dict[str, st
         "SAGA_DATABASE_URL": database_url,
         "SAGA_BROKER_URL": broker_url,
         "SAGA_TASKS_DEMO_FAULTS": "1",
-        "ORDER_SAGA_TIME_SCALE": str(TIME_SCALE),
+        "ORDER_SAGA_TIME_SCALE": str(args.time_scale),
         "SAGA_SWEEP_INTERVAL": str(SWEEP_INTERVAL),
         "SAGA_RELAY_INTERVAL": "0.5",
         "SAGA_RELAY_MIN_AGE": "1",
@@ -347,7 +361,9 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         for i in range(args.sagas):
             kind, faults, _ = rng.choices(FAULTS, weights)[0]
             injected.faults[kind] += 1
-            _start_with_retry(saga_app, f"{keys}{i:05d}", payload_for(kind, faults, rng))
+            _start_with_retry(
+                saga_app, f"{keys}{i:05d}", payload_for(kind, faults, rng, args.time_scale)
+            )
             time.sleep(args.interval)
         say(f"all {args.sagas} started; waiting for them to end")
 
@@ -392,6 +408,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         "sagas": args.sagas,
         "seconds": round(elapsed, 1),
         "queue_type": os.environ.get("SAGA_QUEUE_TYPE", "classic"),
+        "time_scale": args.time_scale,
         "injected": {
             "faults": dict(injected.faults),
             "kills": dict(injected.kills),
@@ -563,6 +580,12 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument("--interval", type=float, default=0.08, help="seconds between starts")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=TIME_SCALE,
+        help="order saga timeouts times this (0.2: steps 6-12 s, the saga 120 s)",
+    )
     parser.add_argument(
         "--broker-restarts", type=int, default=1, help="RabbitMQ restarts during the run"
     )
