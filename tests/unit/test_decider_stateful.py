@@ -7,19 +7,27 @@ decider's invariants are checked, and so is the business outcome the participant
 hold: a compensated saga leaves no effect behind (unless a step's policy says to
 ignore a late one), a completed saga has every effect and undid none, and no
 command takes effect after its compensation ran.
+
+The sweeper claims a saga only when its wake-up time has passed and hands over one the
+decider leaves due, as ``Orchestrator.sweep`` does; a compensation passes through the
+same checks as in ``ParticipantRuntime`` (superseded ids, then the forward command).
+``StrictSagaWorld`` also lets participants refuse compensations and asserts what the
+shell and the participants rely on; it fails today (strict xfail, reasons listed).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from saga_tasks import ReplyReceived
-from saga_tasks.decider import CommandIntent
+from saga_tasks.decider import CommandIntent, decide, hand_over
 from saga_tasks.definitions import (
     DeadLetterPolicy,
     LateReplyPolicy,
@@ -28,8 +36,8 @@ from saga_tasks.definitions import (
     step,
 )
 from saga_tasks.errors import ActionRefused
-from saga_tasks.events import DeadLettered, OperatorAction, OperatorVerb
-from saga_tasks.states import MessageKind, Outcome, SagaStatus, StepStatus
+from saga_tasks.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
+from saga_tasks.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver
 from tests.unit.test_decider_properties import check
 
@@ -81,6 +89,10 @@ class SagaWorld(RuleBasedStateMachine):
         self.undone_by_hand: set[str] = set()  # steps an operator undid by hand
         self.dead: list[CommandIntent] = []  # held in the dead-letter queue
         self.effect_after_undo: list[str] = []
+        self.undone: set[str] = set()  # forward command ids a compensation handler undid
+        self.undone_twice: list[str] = []  # a compensation ran on what was already undone
+        self.handed_over: list[str] = []  # sweeps the shell had to hand to a person
+        self.false_conflicts: list[str] = []  # CONFLICTING although no participant contradicted
         initial = self.driver.state
         self._decide(initial, self.driver.start())
 
@@ -98,20 +110,8 @@ class SagaWorld(RuleBasedStateMachine):
         command = self.commands[index] if keep else self.commands.pop(index)
         entry = self.ledger.get(command.command_id)
         if entry is None:
-            undone_before = False
-            for superseded in command.supersedes:  # earlier generations: fenced first
-                old = self.ledger.setdefault(superseded, LedgerEntry(Outcome.FAILURE, True))
-                undone_before |= old.outcome is Outcome.SUCCESS and not old.tombstone
-            if command.kind is MessageKind.COMPENSATION and undone_before:
-                entry = LedgerEntry(Outcome.SUCCESS)
-            elif command.kind is MessageKind.COMPENSATION:
-                forward = command.compensates
-                if forward is not None and forward not in self.ledger:
-                    # Compensation first: a tombstone will refuse the forward command.
-                    self.ledger[forward] = LedgerEntry(Outcome.FAILURE, tombstone=True)
-                elif self.effect.get(command.step):
-                    self.effect[command.step] = False
-                entry = LedgerEntry(Outcome.SUCCESS)
+            if command.kind is MessageKind.COMPENSATION:
+                entry = self._compensate(command, data)
             else:
                 outcome = data.draw(
                     st.sampled_from([Outcome.SUCCESS, Outcome.SUCCESS, Outcome.FAILURE])
@@ -134,6 +134,40 @@ class SagaWorld(RuleBasedStateMachine):
             )
         )
 
+    def _compensate(self, command: CommandIntent, data: st.DataObject) -> LedgerEntry:
+        """What ``ParticipantRuntime`` does with a compensation, in one transaction:
+        ``_undone_before`` (tombstone each superseded id; stop at one that undid the step),
+        ``_forward_never_took_effect`` (tombstone the forward id, or see it refused), else
+        the handler runs. In the strict world it may refuse: a ``BusinessRejection`` rolls
+        back the tombstones placed above, and the refusal is stored under its own id."""
+        placed: list[str] = []
+        for superseded in command.supersedes:
+            old = self.ledger.get(superseded)
+            if old is None:
+                self.ledger[superseded] = LedgerEntry(Outcome.FAILURE, tombstone=True)
+                placed.append(superseded)
+            elif old.outcome is Outcome.SUCCESS:
+                return LedgerEntry(Outcome.SUCCESS)  # an earlier generation undid it
+        forward = command.compensates
+        if forward is not None:
+            seen = self.ledger.get(forward)
+            if seen is None:
+                # Compensation first: a tombstone will refuse the forward command.
+                self.ledger[forward] = LedgerEntry(Outcome.FAILURE, tombstone=True)
+                return LedgerEntry(Outcome.SUCCESS)
+            if seen.outcome is Outcome.FAILURE:
+                return LedgerEntry(Outcome.SUCCESS)  # refused: it changed nothing
+        if self.strict and data.draw(st.integers(0, 4)) == 0:  # the business refuses
+            for tombstone in placed:
+                del self.ledger[tombstone]
+            return LedgerEntry(Outcome.FAILURE)
+        if forward in self.undone or command.step in self.undone_by_hand:
+            self.undone_twice.append(f"{command.step} ({command.command_id})")
+        if forward is not None:
+            self.undone.add(forward)
+        self.effect[command.step] = False
+        return LedgerEntry(Outcome.SUCCESS)
+
     @precondition(lambda self: bool(self.replies))
     @rule(data=st.data(), keep=st.booleans())
     def orchestrator_receives(self, data: st.DataObject, keep: bool) -> None:
@@ -141,7 +175,11 @@ class SagaWorld(RuleBasedStateMachine):
         index = data.draw(st.integers(0, len(self.replies) - 1))
         reply = self.replies[index] if keep else self.replies.pop(index)
         before = self.driver.state
-        self._decide(before, self.driver.apply(reply))
+        decision = self.driver.apply(reply)
+        if decision.classification is Classification.CONFLICTING:
+            # The participants here never contradict themselves (one ledger entry per id).
+            self.false_conflicts.append(next(h.reason or "" for h in decision.history))
+        self._decide(before, decision)
 
     @precondition(lambda self: bool(self.commands))
     @rule(data=st.data())
@@ -167,8 +205,22 @@ class SagaWorld(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 40.0]))
     def time_passes(self, seconds: float) -> None:
-        before = self.driver.state
-        self._decide(before, self.driver.tick(seconds))
+        """The sweeper as ``Orchestrator.sweep`` runs it: a saga is claimed only when its
+        wake-up time has passed, and one the decider leaves still due is handed over."""
+        self.driver.now += timedelta(seconds=seconds)
+        now, before = self.driver.now, self.driver.state
+        wake = before.next_wake_at()
+        if wake is None or wake > now:
+            return
+        decision = decide(self.defn, before, DeadlinePassed(), now)
+        after = decision.state.next_wake_at()
+        if after is not None and after <= now:
+            steps = ", ".join(f"{n} {x.status.value}" for n, x in decision.state.steps.items())
+            self.handed_over.append(f"left due after a sweep ({decision.state.status}: {steps})")
+            decision = hand_over(before, "a deadline passed and nothing was due for it")
+        self.driver.decisions.append(decision)
+        self.driver.state = decision.state
+        self._decide(before, decision)
 
     @rule(
         verb=st.sampled_from([v for v in OperatorVerb if v is not OperatorVerb.REPLAY]),
@@ -261,6 +313,17 @@ class SagaWorld(RuleBasedStateMachine):
                     continue
                 assert not self.effect.get(s.name), f"{s.name} still has its effect ({st_.status})"
 
+    strict = False
+    """Also hold the decider to what the shell and the participants rely on (below)."""
+
+    @invariant()
+    def what_the_shell_and_participants_rely_on(self) -> None:
+        if not self.strict or not hasattr(self, "driver"):
+            return
+        assert not self.handed_over, f"the sweeper had to hand the saga over: {self.handed_over}"
+        assert not self.false_conflicts, f"classified conflicting: {self.false_conflicts}"
+        assert not self.undone_twice, f"a compensation ran on what was undone: {self.undone_twice}"
+
     @invariant()
     def tombstones_refuse_late_commands(self) -> None:
         if not hasattr(self, "ledger"):
@@ -277,3 +340,37 @@ SagaWorld.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestSagaWorld = SagaWorld.TestCase
+
+
+class StrictSagaWorld(SagaWorld):
+    """The same world, held to what the sweep shell and the real participant rely on.
+
+    Its participants may refuse a compensation, as ``ParticipantRuntime`` does (the
+    refusal rolls back the tombstones the compensation placed). On top of the decider's
+    own invariants: the sweeper never has to hand a saga over for a deadline the decider
+    left due, participants that never contradict themselves are never classified as
+    conflicting, and no compensation runs on an effect already undone (by an earlier
+    compensation, or by a person who said so with skip-step).
+    """
+
+    strict = True
+
+
+StrictSagaWorld.TestCase.settings = settings(
+    max_examples=400,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,  # the same examples every run, so the expected failure is stable
+    database=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: the report names the defect
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestStrictSagaWorld = pytest.mark.xfail(
+    strict=True,
+    reason="the sweep leaves a due step when a sibling is given up (the shell hands the saga "
+    "over); a fenced command's tombstone refusal and a refused newer generation beside an "
+    "older one that undid the step are classified conflicting; skip-step on a compensation "
+    "in flight lets it undo the step again; operator compensate undoes a parent beside its "
+    "child (see tests/unit/test_decider_review.py)",
+)(StrictSagaWorld.TestCase)

@@ -1,0 +1,87 @@
+"""Review: replaying what the saga still waits for.
+
+Two held messages the saga awaits are called "late: the step has moved on" by
+``holding.replay_checks``, which blocks their replay unless forced: the dead command of a
+step given up (the decider's ``given_up_command`` branch re-awaits it on replay), and the
+fence of a step done by hand (the step is SUCCEEDED and fencing, its compensation id None).
+"""
+
+from __future__ import annotations
+
+import pytest
+from kombu import Connection
+
+from saga_tasks.holding import DEAD_LETTER, intake, replay
+from saga_tasks.ops.operator import act, held_list, held_show
+from saga_tasks.states import SagaStatus, StepStatus
+from tests.integration.helpers import ORDER, drain, pump, run_command, run_reply
+from tests.integration.test_operators import reject_one
+
+
+def to_confirm(app, url, key):
+    """Run the order saga up to its last step, whose command is left on its queue."""
+    handle = app.start_saga("order", key, ORDER)
+    for queue in ("orders.commands", "inventory.commands", "payments.commands"):
+        run_command(app, drain(url, queue)[0])
+        run_reply(app, drain(url, "saga.replies")[0])
+    return handle
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="replay_checks count only a REQUESTED step as awaiting its command: the dead "
+    "command of a step given up (which the decider re-awaits on replay) is blocked as late",
+)
+def test_the_dead_command_of_a_step_that_cannot_be_undone_can_be_replayed(order_app, settings):
+    app, url = order_app, settings.broker_url
+    handle = to_confirm(app, url, "rv-1")
+    reject_one(url, "orders.commands")  # confirm_order: no compensation
+    intake(app, DEAD_LETTER)
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.MANUAL_REVIEW, state.reason
+    assert state.steps["confirm_order"].status is StepStatus.TIMED_OUT
+    (held,) = held_list(app, DEAD_LETTER)["messages"]
+    blocking = [c for c in held_show(app, held["id"])["replay_checks"] if c["blocks"]]
+    assert not blocking, blocking
+    replay(app, held["id"], actor="ana", reason="orders fixed", expect_version=state.version)
+    pump(app, url)
+    assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED
+
+
+def reject_the_last(url, queue):
+    """Dead-letter the last message on ``queue`` and put the ones before it back."""
+    with Connection(url) as conn:
+        channel = conn.channel()
+        taken = []
+        while (message := channel.basic_get(queue=queue, no_ack=False)) is not None:
+            taken.append(message)
+        *others, last = taken
+        channel.basic_reject(last.delivery_tag, requeue=False)
+        for message in others:
+            channel.basic_reject(message.delivery_tag, requeue=True)
+        channel.close()
+    return last
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a dead-lettered fence is 'moved on' for the decider and for replay_checks "
+    "(the step is SUCCEEDED, compensation_id None) though the saga still waits for it",
+)
+def test_a_dead_fence_is_awaited_and_can_be_replayed(order_app, settings):
+    app, url = order_app, settings.broker_url
+    handle = app.start_saga("order", "rv-2", ORDER)
+    run_command(app, drain(url, "orders.commands")[0])
+    run_reply(app, drain(url, "saga.replies")[0])  # reserve_stock's command is queued
+    state = app.orchestrator.get(handle.saga_id)
+    act(app, handle.saga_id, "skip_step", step="reserve_stock", actor="ana",
+        reason="reserved by hand", expect_version=state.version)  # fmt: skip
+    assert app.flush()
+    reject_the_last(url, "inventory.commands")  # the fence (inventory.release) dies
+    intake(app, DEAD_LETTER)
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.steps["reserve_stock"].fencing, "the saga still waits for the fence"
+    (held,) = held_list(app, DEAD_LETTER)["messages"]
+    assert held["task_name"] == "inventory.release"
+    blocking = [c for c in held_show(app, held["id"])["replay_checks"] if c["blocks"]]
+    assert not blocking, blocking

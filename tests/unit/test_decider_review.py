@@ -1,0 +1,461 @@
+"""Review of operator generations, fences, late answers and the sweeper's hand-over.
+
+Each test pins one ordering or operator action that the decider (or the sweep shell
+around it) gets wrong today. Tests marked ``xfail(strict=True)`` fail on today's code;
+the reason names the defect. When a defect is fixed, its test passes, the strict xfail
+turns that into a failure, and the marker is removed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from saga_tasks.clock import FakeClock
+from saga_tasks.decider import Decision
+from saga_tasks.definitions import saga, step
+from saga_tasks.errors import ActionRefused
+from saga_tasks.events import DeadLettered, OperatorAction, OperatorVerb
+from saga_tasks.messages import MAX_GENERATIONS
+from saga_tasks.model import LATE_SUCCESS, SagaState
+from saga_tasks.orchestration import Orchestrator, Registry, SweepReport
+from saga_tasks.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
+from tests.unit.sagas import Driver, linear
+
+
+def act(d: Driver, verb: OperatorVerb, step_name: str | None = None, **kw: object) -> Decision:
+    return d.apply(OperatorAction(verb, actor="ana", reason="ticket 9", step=step_name, **kw))
+
+
+def fence_of(decision: Decision):
+    (fence,) = [c for c in decision.commands if c.kind is MessageKind.COMPENSATION]
+    return fence
+
+
+def fan_out(*, retry_a: int, retry_b: int):
+    """Two roots sent together, with their own retry policies, and a join."""
+    return saga(
+        "fan",
+        step("a", "p.a", compensation="p.ua", queue="p.commands", depends_on=[], retry=retry_a),
+        step("b", "p.b", compensation="p.ub", queue="p.commands", depends_on=[], retry=retry_b),
+        step("c", "p.c", compensation="p.uc", queue="p.commands", depends_on=["a", "b"]),
+    )
+
+
+def sweep_shell(definition, state: SagaState, now) -> Decision:
+    """What ``Orchestrator.sweep`` decides for one claimed saga (no database involved)."""
+    orchestrator = Orchestrator(
+        engine=lambda: None,  # type: ignore[arg-type,return-value]
+        registry=Registry([definition]),
+        topology=None,  # type: ignore[arg-type]
+        outlet=lambda: None,  # type: ignore[arg-type,return-value]
+        clock=FakeClock(),
+    )
+    ((_, _, decision),) = orchestrator._decide_due([state], now, SweepReport())
+    return decision
+
+
+# -- the sweeper ---------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="on_deadline drops the re-send of a due step when a sibling is given up in the "
+    "same sweep (resend = []) but leaves it REQUESTED with its passed deadline",
+)
+def test_a_due_step_whose_resend_is_dropped_for_a_sibling_give_up_is_not_left_due():
+    d = Driver(fan_out(retry_a=1, retry_b=3))
+    d.start()
+    d.tick(31)  # both silent: a has spent its one attempt, b may be sent again
+    assert d.state.status is SagaStatus.COMPENSATING
+    assert d.state.steps["b"].status is StepStatus.REQUESTED
+    wake = d.state.next_wake_at()
+    assert wake is None or wake > d.now, (
+        f"the sweep left b due at {wake} (now {d.now}): every sweep claims it again"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the sweep shell hands a saga to MANUAL_REVIEW when the decider leaves a passed "
+    "deadline; on_deadline leaves one whenever a give-up suppresses a sibling's re-send",
+)
+def test_the_sweeper_does_not_hand_over_a_saga_whose_sibling_step_was_given_up():
+    d = Driver(fan_out(retry_a=1, retry_b=3))
+    d.start()
+    now = d.now + timedelta(seconds=31)
+    decision = sweep_shell(d.definition, d.state, now)
+    assert decision.state.status is SagaStatus.COMPENSATING, (
+        f"an ordinary timeout went to review: {decision.state.reason}"
+    )
+    assert [c.step for c in decision.commands] == ["a"], "a's compensation is sent"
+
+
+# -- operators after the saga's own deadline ------------------------------------------------
+
+
+def in_review_past_its_deadline() -> Driver:
+    """s0's command dead-lettered (policy: a person decides); the person looks two hours
+    later, long after the saga's ten-minute deadline."""
+    d = Driver(
+        saga(
+            "late-operator",
+            step(
+                "s0", "p.a", compensation="p.ua", queue="p.commands", on_dead_letter="manual_review"
+            ),
+            step("s1", "p.b", compensation="p.ub", queue="p.commands"),
+            timeout=600,
+        )
+    )
+    d.start()
+    cid = d.state.steps["s0"].command_id
+    d.apply(
+        DeadLettered(
+            kind=MessageKind.COMMAND,
+            step="s0",
+            command_id=cid,
+            message_id="dead-1",
+            reason="retries exhausted",
+            held_id=1,
+        )
+    )
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    d.now += timedelta(hours=2)
+    return d
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="retry-step, skip-step and replay resume a RUNNING saga with its passed deadline "
+    "kept: the next sweep gives up what was just sent and compensates before it could answer",
+)
+@pytest.mark.parametrize(
+    "verb", [OperatorVerb.RETRY_STEP, OperatorVerb.SKIP_STEP, OperatorVerb.REPLAY]
+)
+def test_a_step_an_operator_resumes_after_the_saga_deadline_gets_its_chance(verb):
+    d = in_review_past_its_deadline()
+    cid = d.state.steps["s0"].command_id
+    extra = (
+        {"message_kind": MessageKind.COMMAND, "command_id": cid}
+        if verb is OperatorVerb.REPLAY
+        else {}
+    )
+    decision = act(d, verb, "s0", **extra)
+    assert d.state.status is SagaStatus.RUNNING
+    # Asked again (retry), sent next (skip: s0 done by hand, s1 goes), or the held one (replay).
+    awaited = [c.step for c in decision.commands if c.kind is MessageKind.COMMAND] or ["s0"]
+    d.tick(1)  # the next sweep, well before the step's own 30 s deadline
+    for name in awaited:
+        assert d.state.steps[name].status is StepStatus.REQUESTED, (
+            f"{name} given up one second after the operator acted: {d.state.reason}"
+        )
+    assert d.state.status is SagaStatus.RUNNING
+    d.tick(1)  # the next sweep, well before the step's own 30 s deadline
+    assert d.state.steps["s0"].status is StepStatus.REQUESTED, (
+        f"given up one second after the operator asked again: {d.state.reason}"
+    )
+    assert d.state.status is SagaStatus.RUNNING
+
+
+# -- fences ---------------------------------------------------------------------------------
+
+
+def skipped_and_fenced() -> tuple[Driver, str]:
+    """s0 done by hand while its command C1 was in flight; the fence reached the
+    participant first, so C1 met a tombstone there; s1 then failed."""
+    d = Driver(linear(2))
+    d.start()
+    c1 = d.state.steps["s0"].command_id
+    assert c1 is not None
+    fence = fence_of(act(d, OperatorVerb.SKIP_STEP, "s0"))
+    d.apply(
+        d.reply(
+            "s0",
+            kind=MessageKind.COMPENSATION,
+            command_id=fence.command_id,
+            result={"nothing_to_undo": "a tombstone now refuses it"},
+        )
+    )
+    d.fail("s1")
+    assert d.state.steps["s0"].status is StepStatus.COMPENSATING
+    return d, c1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the tombstone's refusal of a fenced command is classified CONFLICTING once its "
+    "step is compensating ('answered success, now failure': the step never answered)",
+)
+@pytest.mark.parametrize("when", ["compensating", "compensated"])
+def test_the_refusal_of_a_fenced_command_is_late_not_a_conflict(when):
+    d, c1 = skipped_and_fenced()
+    if when == "compensated":
+        d.compensated("s0")
+        assert d.state.status is SagaStatus.COMPENSATED
+    refusal = d.reply("s0", Outcome.FAILURE, command_id=c1, code="compensated_before_execution")
+    decision = d.apply(refusal)
+    assert decision.classification is not Classification.CONFLICTING, decision.history
+    assert d.state.status is not SagaStatus.MANUAL_REVIEW, d.state.reason
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="skip-step on a step whose compensation is in flight marks it undone by hand and "
+    "fences nothing: the compensation may still run (undone twice), and its answer conflicts",
+)
+def test_skipping_a_compensation_in_flight_fences_it_or_is_refused():
+    d = Driver(linear(2))
+    d.start()
+    d.succeed("s0")
+    d.fail("s1")
+    in_flight = d.state.steps["s0"].compensation_id
+    assert d.state.steps["s0"].status is StepStatus.COMPENSATING
+    try:
+        decision = act(d, OperatorVerb.SKIP_STEP, "s0")
+    except ActionRefused:
+        return  # acceptable: wait for its answer, or retry it
+    fenced = any(in_flight in c.supersedes for c in decision.commands)
+    assert fenced, "nothing makes the compensation still in flight harmless"
+    late = d.apply(
+        d.reply("s0", Outcome.FAILURE, kind=MessageKind.COMPENSATION, command_id=in_flight)
+    )
+    assert late.classification is not Classification.CONFLICTING
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a dead-lettered fence is recorded as 'the step has moved on' and ignored; the saga "
+    "keeps re-sending the dead message until its attempts run out",
+)
+def test_a_dead_lettered_fence_is_not_ignored_as_moved_on():
+    d = Driver(linear(2))
+    d.start()
+    fence = fence_of(act(d, OperatorVerb.SKIP_STEP, "s0"))
+    decision = d.apply(
+        DeadLettered(
+            kind=MessageKind.COMPENSATION,
+            step="s0",
+            command_id=fence.command_id,
+            message_id=fence.message_id,
+            reason="poison: its worker died on it 3 times",
+            held_id=4,
+        )
+    )
+    said = " ".join(h.reason or "" for h in decision.history)
+    assert "moved on" not in said, said
+    # Like any dead compensation: a person decides (and may replay it).
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert "fence" in (d.state.reason or ""), d.state.reason
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a fence that answers after it was given up (fence_failed) is logged as 'an id an "
+    "operator retry superseded'; the step keeps fence_failed and nothing retries the fence",
+)
+def test_a_fence_that_answers_after_it_was_given_up_is_recorded_as_the_fence():
+    d = Driver(linear(2))
+    d.start()
+    fence = fence_of(act(d, OperatorVerb.SKIP_STEP, "s0"))
+    for _ in range(5):
+        d.tick(31)  # no answer: sent again until the compensation policy is spent
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert d.state.steps["s0"].error == "fence_failed"
+    decision = d.apply(d.reply("s0", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
+    said = " ".join(h.reason or "" for h in decision.history)
+    assert "superseded" not in said, said
+    assert d.state.steps["s0"].error is None, "the fence did answer: the step is fenced"
+
+
+# -- generations ----------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the decider has no bound on generations: past MAX_GENERATIONS it sends a "
+    "compensation whose supersedes header the participant parks as invalid",
+)
+def test_an_operator_retry_never_sends_what_the_participant_parks_as_invalid():
+    d = Driver(linear(2))
+    d.start()
+    d.succeed("s0")
+    d.fail("s1")
+    d.compensated("s0", Outcome.FAILURE)
+    for _ in range(MAX_GENERATIONS + 1):
+        try:
+            decision = act(d, OperatorVerb.RETRY_STEP, "s0")
+        except ActionRefused:
+            return  # a bounded number of generations, refused with a reason: fine
+        (command,) = decision.commands
+        assert len(command.supersedes) <= MAX_GENERATIONS, (
+            f"generation {d.state.steps['s0'].generation}: the participant refuses this "
+            "message as invalid and runs nothing"
+        )
+        d.compensated("s0", Outcome.FAILURE)
+
+
+# -- ways out of review ---------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a saga whose step succeeded while it was in review has ready steps that no "
+    "operator verb dispatches: retry-step refuses PENDING, replay does not resume",
+)
+def test_a_saga_whose_step_succeeded_during_review_can_go_on():
+    d = Driver(
+        saga(
+            "resume",
+            step(
+                "s0", "p.a", compensation="p.ua", queue="p.commands", on_dead_letter="manual_review"
+            ),
+            step("s1", "p.b", compensation="p.ub", queue="p.commands"),
+        )
+    )
+    d.start()
+    cid = d.state.steps["s0"].command_id
+    # The broker dead-letters the command after the participant ran it (its worker died
+    # after commit, before the ack); the participant's reply still arrives.
+    d.apply(
+        DeadLettered(
+            kind=MessageKind.COMMAND,
+            step="s0",
+            command_id=cid,
+            message_id="dead-1",
+            reason="delivery limit",
+            held_id=1,
+        )
+    )
+    d.succeed("s0")
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert d.state.steps["s1"].status is StepStatus.PENDING
+    decision = act(d, OperatorVerb.RETRY_STEP, "s1")
+    assert d.state.status is SagaStatus.RUNNING
+    assert [c.step for c in decision.commands] == ["s1"]
+
+
+# -- a late success that needs a person -----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="retrying another step's compensation takes the saga out of review and it ends "
+    "COMPENSATED with a step's late success (policy manual_review) never decided by anyone",
+)
+def test_a_late_success_under_manual_review_is_not_closed_by_an_unrelated_retry():
+    d = Driver(
+        saga(
+            "late-mr",
+            step("a", "p.a", compensation="p.ua", queue="p.commands", depends_on=[],
+                 late_reply="manual_review"),
+            step("b", "p.b", compensation="p.ub", queue="p.commands", depends_on=[], timeout=100),
+            step("c", "p.c", compensation="p.uc", queue="p.commands", depends_on=["a", "b"]),
+        )
+    )  # fmt: skip
+    d.start()
+    a_cid = d.state.steps["a"].command_id
+    d.succeed("b")
+    for _ in range(3):
+        d.tick(31)  # a is given up; by its policy it is left TIMED_OUT; b is compensated
+    d.apply(d.reply("a", command_id=a_cid))  # a's late success: a person must decide
+    assert d.state.steps["a"].error == LATE_SUCCESS
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    d.compensated("b", Outcome.FAILURE)
+    act(d, OperatorVerb.RETRY_STEP, "b")  # the person fixes b's compensation only
+    d.compensated("b")
+    assert d.state.status is not SagaStatus.COMPENSATED, (
+        "COMPENSATED while a's late success is in place and nobody decided on it"
+    )
+
+
+# -- found by the strict stateful model ---------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a refused newer generation meets a step an older generation already undid: the "
+    "participant rolled back the tombstone with the refusal, so both answers are honest, "
+    "yet the saga (even COMPENSATED) goes to review as conflicting",
+)
+def test_a_refused_retry_beside_an_older_generation_that_undid_the_step_is_not_a_conflict():
+    d = Driver(linear(2))
+    d.start()
+    d.succeed("s0")
+    d.fail("s1")
+    first = d.state.steps["s0"].compensation_id
+    act(d, OperatorVerb.RETRY_STEP, "s0")  # the first is slow; a person sends it again
+    second = d.state.steps["s0"].compensation_id
+    assert second != first
+    # At the participant the second ran first and was refused (rolling back its tombstone
+    # of the first), then the first ran and undid the step. Their replies arrive in turn.
+    d.apply(d.reply("s0", kind=MessageKind.COMPENSATION, command_id=first))
+    assert d.state.status is SagaStatus.COMPENSATED
+    decision = d.apply(
+        d.reply("s0", Outcome.FAILURE, kind=MessageKind.COMPENSATION, command_id=second)
+    )
+    assert decision.classification is not Classification.CONFLICTING, decision.history
+    assert d.state.status is SagaStatus.COMPENSATED, d.state.reason
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="operator compensate sends a refused parent's compensation and its given-up "
+    "child's together: children are no longer undone before their parents",
+)
+def test_operator_compensate_undoes_a_given_up_child_before_its_parent():
+    d = Driver(
+        saga(
+            "order",
+            step("s0", "p.do0", compensation="p.undo0", queue="p.commands"),
+            step("s1", "p.do1", compensation="p.undo1", queue="p.commands", retry=1,
+                 late_reply="ignore"),
+        )
+    )  # fmt: skip
+    d.start()
+    d.succeed("s0")
+    d.tick(31)  # s1 silent: given up, left TIMED_OUT by its policy; s0 is compensated
+    assert d.state.steps["s1"].status is StepStatus.TIMED_OUT
+    d.compensated("s0", Outcome.FAILURE)
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    decision = act(d, OperatorVerb.COMPENSATE)
+    assert [c.step for c in decision.commands] == ["s1"], "the child first, then its parent"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a fence given up keeps its attempt count: the step's compensation then starts at "
+    "attempt N+1, is never re-sent, and the saga goes to review 'after N+1 attempts'",
+)
+def test_a_compensation_after_a_failed_fence_gets_its_own_attempts():
+    d = Driver(linear(2))
+    d.start()
+    act(d, OperatorVerb.SKIP_STEP, "s0")
+    d.succeed("s1")
+    for _ in range(5):
+        d.tick(31)  # the fence has no answer, five times
+    assert d.state.steps["s0"].error == "fence_failed"
+    act(d, OperatorVerb.COMPENSATE)
+    (undo,) = d.compensated("s1").commands
+    assert undo.step == "s0"
+    assert undo.attempt == 1, f"the first send of s0's compensation is attempt {undo.attempt}"
+    resent = d.tick(31)
+    assert [c.step for c in resent.commands] == ["s0"], d.state.reason
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a retry of a refused compensation keeps the review reason, and the saga ends "
+    "COMPENSATED saying 'compensation ... was refused' instead of why it was compensated",
+)
+def test_a_saga_compensated_after_a_retry_says_why_it_was_compensated():
+    d = Driver(linear(2))
+    d.start()
+    d.succeed("s0")
+    d.fail("s1", code="declined")
+    why = d.state.reason
+    d.compensated("s0", Outcome.FAILURE)
+    act(d, OperatorVerb.RETRY_STEP, "s0")
+    d.compensated("s0")
+    assert d.state.status is SagaStatus.COMPENSATED
+    assert d.state.reason == why, d.state.reason
