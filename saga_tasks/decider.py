@@ -57,6 +57,7 @@ from saga_tasks.events import (
     ReplyReceived,
     Started,
 )
+from saga_tasks.messages import MAX_GENERATIONS
 from saga_tasks.model import (
     FENCING,
     LATE_FAILURE,
@@ -77,7 +78,7 @@ from saga_tasks.states import (
     StepStatus,
 )
 
-__all__ = ["CommandIntent", "Decision", "HistoryEntry", "decide", "hand_over"]
+__all__ = ["CommandIntent", "Decision", "HistoryEntry", "decide", "hand_over", "replay_awaits"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,48 @@ def hand_over(state: SagaState, reason: str) -> Decision:
     return Decision(after, (), (entry,), Classification.ACCEPTED, changed=True)
 
 
+def replay_awaits(
+    state: SagaState, step: str | None, kind: MessageKind | None, cid: str | None
+) -> str | None:
+    """What a held message of ``state`` is to the saga if published again: ``"in flight"``
+    (its step awaits it now), ``"a dead compensation"``, ``"a given-up command"`` or ``"a
+    fence"`` (awaited again once replayed), or None (the step has moved on). The replay
+    checks and the decider's replay both ask this, so they cannot disagree."""
+    st = state.steps.get(step or "")
+    if st is None or state.status in TERMINAL_SAGA or kind is None:
+        return None
+    if kind is MessageKind.COMMAND and cid in (None, st.command_id):
+        if st.status is StepStatus.REQUESTED:
+            return "in flight"
+        compensation_begun = any(
+            x.status not in (StepStatus.PENDING, StepStatus.REQUESTED, StepStatus.SUCCEEDED,
+                             StepStatus.TIMED_OUT, StepStatus.FAILED)
+            for x in state.steps.values()
+        )  # fmt: skip
+        if (
+            st.status is StepStatus.TIMED_OUT
+            and st.error not in (LATE_SUCCESS, LATE_FAILURE)
+            and state.status in (SagaStatus.RUNNING, SagaStatus.MANUAL_REVIEW)
+            and not compensation_begun
+        ):
+            return "a given-up command"
+    if kind is MessageKind.COMPENSATION:
+        if cid in (None, st.compensation_id):
+            if st.status is StepStatus.COMPENSATING:
+                return "in flight"
+            if st.status is StepStatus.COMPENSATION_FAILED and st.error == "dead_lettered":
+                return "a dead compensation"
+        fence_id = command_id(
+            state.saga_id, step or "", MessageKind.COMPENSATION, st.generation - 1
+        )
+        if cid == fence_id and st.status is StepStatus.SUCCEEDED:
+            if st.fencing:
+                return "in flight"
+            if st.error == "fence_failed":
+                return "a fence"
+    return None
+
+
 class _Transition:
     """The mutable scratch space of one decision; ``decision()`` freezes it."""
 
@@ -222,7 +265,7 @@ class _Transition:
             )
             return
         success = event.outcome is Outcome.SUCCESS
-        if st.status is StepStatus.SUCCEEDED and "skipped_by" in (st.result or {}):
+        if "skipped_by" in (st.result or {}):
             self.classification = Classification.LATE
             self.note(
                 "late_reply",
@@ -282,7 +325,9 @@ class _Transition:
                     event,
                     f"reply to compensation {event.command_id} which step {name!r} did not send",
                 )
-            elif st.fencing and generation == st.generation - 1:
+            elif generation == st.generation - 1 and (
+                st.fencing or (success and st.error == "fence_failed")
+            ):
                 self.fence_answered(event, st)
             elif success and st.status in (
                 StepStatus.COMPENSATING,
@@ -327,6 +372,16 @@ class _Transition:
                 self.manual_review(
                     f"compensation of step {name!r} was refused: {_error_text(event)}"
                 )
+            return
+        if not success and st.status is StepStatus.COMPENSATED:
+            self.classification = Classification.LATE
+            self.note(
+                "late_reply",
+                step=name,
+                message_id=event.message_id,
+                reason=f"compensation of {name!r} refused ({_error_text(event)}), but an "
+                "earlier generation already undid the step",
+            )
             return
         if (success and st.status is StepStatus.COMPENSATED) or (
             not success and st.status is StepStatus.COMPENSATION_FAILED
@@ -409,6 +464,8 @@ class _Transition:
         """The compensation sent to fence a command in flight when the step was done by hand."""
         name = event.step
         if event.outcome is Outcome.SUCCESS:
+            if st.error == "fence_failed":
+                self.classification = Classification.LATE  # given up, then answered
             self.set_step(
                 name,
                 st.evolve(error=None, deadline=None, compensation_attempt=0),
@@ -421,7 +478,7 @@ class _Transition:
             return
         self.set_step(
             name,
-            st.evolve(error="fence_failed", deadline=None),
+            st.evolve(error="fence_failed", deadline=None, compensation_attempt=0),
             "fence_failed",
             message_id=event.message_id,
             reason=_error_text(event),
@@ -464,7 +521,7 @@ class _Transition:
             else:
                 self.set_step(
                     s.name,
-                    st.evolve(error="fence_failed", deadline=None),
+                    st.evolve(error="fence_failed", deadline=None, compensation_attempt=0),
                     "fence_failed",
                     reason=f"{st.compensation_attempt} attempts had no answer",
                 )
@@ -502,7 +559,17 @@ class _Transition:
             self.manual_review(reason)
             return
         if give_up or saga_expired:
-            resend = []  # the saga turns to compensation: what is in flight may still answer
+            # The saga turns to compensation: nothing more is sent forward, but what is in
+            # flight may still answer; it is awaited once more, then given up.
+            for s in resend:
+                st = self.steps[s.name]
+                self.set_step(
+                    s.name,
+                    st.evolve(deadline=self.now + s.timeout),
+                    "step_awaited",
+                    reason="the saga turns to compensation: no re-send; its answer is awaited",
+                )
+            resend = []
         for s in resend:
             st = self.steps[s.name]
             self.send_action(s, st, reason=f"attempt {st.attempt} had no answer in time")
@@ -585,6 +652,23 @@ class _Transition:
             )
             self.manual_review(f"compensation of step {step.name!r}: {reason}")
             return
+        fence_id = command_id(
+            self.before.saga_id, step.name, MessageKind.COMPENSATION, st.generation - 1
+        )
+        if e.kind is MessageKind.COMPENSATION and st.fencing and e.command_id == fence_id:
+            self.note("dead_lettered", step=step.name, message_id=e.message_id, reason=reason,
+                      detail=detail)  # fmt: skip
+            self.set_step(
+                step.name,
+                st.evolve(error="fence_failed", deadline=None, compensation_attempt=0),
+                "fence_failed",
+                reason=reason,
+            )
+            self.manual_review(
+                f"step {step.name!r} was done by hand and the fence of the command then in "
+                f"flight was dead-lettered ({e.reason}): replay it, or undo the command by hand"
+            )
+            return
         if e.kind is MessageKind.REPLY:
             self.note("dead_lettered", step=step.name, message_id=e.message_id, reason=reason,
                       detail=detail)  # fmt: skip
@@ -647,18 +731,24 @@ class _Transition:
             # a refusal stored under the old id) and fences the old id.
             self.send_compensation(s, _next_generation(st), reason=said)
             return
-        forward_retry = st.status is StepStatus.REQUESTED or (
-            st.status is StepStatus.TIMED_OUT and not st.compensation_id
+        ready = st.status is StepStatus.PENDING and all(
+            self.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on
+        )
+        forward_retry = (
+            ready
+            or st.status is StepStatus.REQUESTED
+            or (st.status is StepStatus.TIMED_OUT and not st.compensation_id)
         )
         if not forward_retry:
             raise ActionRefused(
-                f"step {s.name!r} is {st.status.value}: only a step awaiting its answer, "
-                "given up without compensation, or whose compensation failed can be retried"
+                f"step {s.name!r} is {st.status.value}: only a step awaiting its answer or "
+                "ready to be sent, given up without compensation, or whose compensation "
+                "failed can be retried"
             )
         if self.status is SagaStatus.COMPENSATING or self._compensation_begun():
             raise ActionRefused("the saga is compensating; retry the compensation or resolve")
         self.note("operator_retry_step", step=s.name, reason=said)
-        self.set_status(SagaStatus.RUNNING, None)
+        self.resume_running(said)
         if st.error == LATE_SUCCESS:
             # The command answered after it was given up: that answer is the retry's.
             self.set_step(
@@ -682,7 +772,12 @@ class _Transition:
         self._refuse_if_final("skip a step")
         s, st = self._operator_step(a)
         said = f"operator {a.actor}: {a.reason}"
-        if st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATION_FAILED):
+        if st.status is StepStatus.COMPENSATING:
+            raise ActionRefused(
+                f"the compensation of step {s.name!r} is in flight and may still run: wait for "
+                "its answer, or retry it"
+            )
+        if st.status is StepStatus.COMPENSATION_FAILED:
             self.note("operator_skip_step", step=s.name, reason=said)
             self.set_status(SagaStatus.COMPENSATING, self.reason)
             self.set_step(
@@ -713,7 +808,7 @@ class _Transition:
                 "wait for its answer, or retry it"
             )
         self.note("operator_skip_step", step=s.name, reason=said)
-        self.set_status(SagaStatus.RUNNING, None)
+        self.resume_running(said)
         done = st.evolve(
             status=StepStatus.SUCCEEDED,
             finished_at=self.now,
@@ -738,14 +833,19 @@ class _Transition:
         if self.status is SagaStatus.COMPENSATING:
             raise ActionRefused("the saga is already compensating")
         self.note("operator_compensate", reason=said)
-        # What failed to compensate, or was given up without compensation, is tried again.
+        # What failed to compensate is undone again, as a new generation; what was given
+        # up without compensation is undone too. ``compensate_ready`` sends them, children
+        # before parents.
         for s in self.definition.steps:
             st = self.steps[s.name]
             if st.status is StepStatus.COMPENSATION_FAILED:
-                self.send_compensation(s, _next_generation(st), reason=said)
-            elif st.status is StepStatus.TIMED_OUT and s.compensable:
-                self.send_compensation(s, st, reason=said)
-        self.begin_compensation(said)
+                self.set_step(
+                    s.name,
+                    _next_generation(st).evolve(status=StepStatus.SUCCEEDED, error=None),
+                    "compensation_queued",
+                    reason=said,
+                )
+        self.begin_compensation(said, given_up_too=True)
 
     def operator_replay(self, a: OperatorAction) -> None:
         """A held message is published again. What it carries is awaited once more (a
@@ -754,44 +854,22 @@ class _Transition:
         said = f"operator {a.actor}: {a.reason}"
         self.note("operator_replay", step=a.step, reason=said)
         s = self.definition.by_name.get(a.step or "")
-        st = self.steps.get(a.step or "")
-        if s is not None and st is not None:
-            dead_compensation = (
-                a.message_kind is MessageKind.COMPENSATION
-                and self.status not in TERMINAL_SAGA
-                and st.status is StepStatus.COMPENSATION_FAILED
-                and st.error == "dead_lettered"
-                and a.command_id in (None, st.compensation_id)
+        awaits = replay_awaits(self.before, a.step, a.message_kind, a.command_id)
+        if s is not None and awaits is not None and awaits != "in flight":
+            st = self.steps[s.name]
+            again = {
+                "a dead compensation": st.evolve(status=StepStatus.COMPENSATING, error=None),
+                "a given-up command": st.evolve(
+                    status=StepStatus.REQUESTED, given_up=False, error=None
+                ),
+                "a fence": st.evolve(error=FENCING, compensation_attempt=1),
+            }[awaits]
+            self.set_step(
+                s.name,
+                again.evolve(deadline=self.now + s.timeout),
+                "replay_awaited",
+                reason=f"{awaits}, awaited again ({said})",
             )
-            given_up_command = (
-                a.message_kind is MessageKind.COMMAND
-                and self.status in (SagaStatus.RUNNING, SagaStatus.MANUAL_REVIEW)
-                and not self._compensation_begun()
-                and st.status is StepStatus.TIMED_OUT
-                and st.error not in (LATE_SUCCESS, LATE_FAILURE)
-                and a.command_id in (None, st.command_id)
-            )
-            if dead_compensation:
-                self.set_step(
-                    s.name,
-                    st.evolve(
-                        status=StepStatus.COMPENSATING, error=None, deadline=self.now + s.timeout
-                    ),
-                    "compensation_replayed",
-                    reason=said,
-                )
-            elif given_up_command:
-                self.set_step(
-                    s.name,
-                    st.evolve(
-                        status=StepStatus.REQUESTED,
-                        given_up=False,
-                        error=None,
-                        deadline=self.now + s.timeout,
-                    ),
-                    "command_replayed",
-                    reason=said,
-                )
         if self.status is not SagaStatus.MANUAL_REVIEW:
             return
         if not any(x.in_flight for x in self.steps.values()):
@@ -803,8 +881,10 @@ class _Transition:
         compensating = self._compensation_begun() or any(
             x.status is StepStatus.COMPENSATING for x in self.steps.values()
         )
-        resumed = SagaStatus.COMPENSATING if compensating else SagaStatus.RUNNING
-        self.set_status(resumed, self.reason if compensating else None)
+        if compensating:
+            self.set_status(SagaStatus.COMPENSATING, self.reason)
+        else:
+            self.resume_running(said)
         self.note("saga_resumed", reason=f"resumed for a replay ({said})")
 
     def operator_resolve(self, a: OperatorAction) -> None:
@@ -851,6 +931,17 @@ class _Transition:
         if self.status is SagaStatus.COMPENSATING:
             self.compensate_ready()
 
+    def resume_running(self, said: str) -> None:
+        """An operator sends the saga forward again; a deadline that passed while it
+        waited for a person is renewed, or the next sweep would undo what was just sent."""
+        self.set_status(SagaStatus.RUNNING, None)
+        if self.deadline is not None and self.deadline <= self.now:
+            self.deadline = self.now + self.definition.timeout
+            self.note(
+                "deadline_renewed",
+                reason=f"the saga's deadline had passed; now {self.deadline.isoformat()} ({said})",
+            )
+
     def dispatch_ready(self) -> None:
         for s in self.definition.steps:
             st = self.steps[s.name]
@@ -859,7 +950,7 @@ class _Transition:
             if all(self.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on):
                 self.send_action(s, st)
 
-    def begin_compensation(self, reason: str) -> None:
+    def begin_compensation(self, reason: str, *, given_up_too: bool = False) -> None:
         self.set_status(SagaStatus.COMPENSATING, reason)
         never_sent = [n for n, st in self.steps.items() if st.status is StepStatus.PENDING]
         for name in never_sent:
@@ -869,10 +960,12 @@ class _Transition:
             reason=reason,
             detail={"skipped_steps": never_sent} if never_sent else {},
         )
-        self.compensate_ready()
+        self.compensate_ready(given_up_too=given_up_too)
 
-    def compensate_ready(self) -> None:
-        """Undo every succeeded step none of whose descendants still holds an effect."""
+    def compensate_ready(self, *, given_up_too: bool = False) -> None:
+        """Undo every succeeded step none of whose descendants still holds an effect, and
+        every step given up whose policy undoes it (any, with ``given_up_too``: an
+        operator's ``compensate``)."""
         blocking = (
             StepStatus.REQUESTED,
             StepStatus.SUCCEEDED,
@@ -885,7 +978,7 @@ class _Transition:
             if (
                 st.status is StepStatus.TIMED_OUT
                 and s.compensable
-                and s.late_reply is LateReplyPolicy.COMPENSATE
+                and (given_up_too or s.late_reply is LateReplyPolicy.COMPENSATE)
                 and st.compensation_id is None
             ):
                 # Given up while a person was needed elsewhere: it may have taken effect.
@@ -907,7 +1000,21 @@ class _Transition:
                     "compensation_skipped",
                     reason=f"step {s.name!r} has no compensation; its effect stays",
                 )
+        undecided = [
+            s.name
+            for s in self.definition.steps
+            if self.steps[s.name].status is StepStatus.TIMED_OUT
+            and self.steps[s.name].error == LATE_SUCCESS
+            and (not s.compensable or s.late_reply is LateReplyPolicy.MANUAL_REVIEW)
+        ]
         if not any(st.status in blocking or st.fencing for st in self.steps.values()):
+            if undecided:
+                if self.status is not SagaStatus.MANUAL_REVIEW:
+                    self.manual_review(
+                        f"step {undecided[0]!r} succeeded after it was given up and its effect "
+                        "stays: a person must decide (compensate, or resolve)"
+                    )
+                return
             self.finish(SagaStatus.COMPENSATED, "saga_compensated")
             return
         failed = [n for n, st in self.steps.items() if st.status is StepStatus.COMPENSATION_FAILED]
@@ -1149,6 +1256,11 @@ _UNANSWERED_COMPENSATION = frozenset({"no_answer", "dead_lettered"})
 def _next_generation(st: StepState, *, forward: bool = False) -> StepState:
     """The step's next generation: its compensation (and with ``forward`` its command)
     gets a new id, which the participant runs afresh."""
+    if st.generation >= MAX_GENERATIONS:
+        raise ActionRefused(
+            f"the step was retried {st.generation} times, the most a command may name as "
+            "superseded; resolve the saga"
+        )
     new = st.evolve(generation=st.generation + 1, compensation_id=None, compensation_attempt=0)
     if forward:
         new = new.evolve(command_id=None, attempt=0, error=None, result=None)

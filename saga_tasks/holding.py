@@ -32,6 +32,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from saga_tasks import metrics
+from saga_tasks.decider import replay_awaits
 from saga_tasks.errors import ActionRefused, ConcurrencyConflict, InputError, ServiceUnavailable
 from saga_tasks.events import DeadLettered
 from saga_tasks.messages import (
@@ -52,7 +53,7 @@ from saga_tasks.messaging.topology import (
 from saga_tasks.persistence import sagas, storable
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, held_message, inbox, saga_outbox
-from saga_tasks.states import TERMINAL_SAGA, MessageKind, StepStatus
+from saga_tasks.states import TERMINAL_SAGA, MessageKind
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
@@ -579,14 +580,9 @@ def replay_checks(app: SagaApp, conn: Connection, row: Mapping[str, Any]) -> lis
             else Check("duplicate", "the orchestrator has not applied this reply", False)
         )
     elif kind in (MessageKind.COMMAND.value, MessageKind.COMPENSATION.value) and st is not None:
-        awaited = (
-            st.status is StepStatus.REQUESTED and command_id == st.command_id
-            if kind == MessageKind.COMMAND.value
-            else st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATION_FAILED)
-            and command_id == st.compensation_id
-        )
+        awaited = replay_awaits(state, step, MessageKind(kind), command_id)
         checks.append(
-            Check("late", f"step {step!r} still awaits it ({st.status.value})", False)
+            Check("late", f"step {step!r} awaits it: {awaited} ({st.status.value})", False)
             if awaited
             else Check("late", f"step {step!r} has moved on ({st.status.value})", True)
         )

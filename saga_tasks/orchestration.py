@@ -189,41 +189,57 @@ class Orchestrator:
     def _start_in_session(
         self, session: Session, definition: SagaDefinition, decision: Decision, digest: str
     ) -> SagaHandle:
-        handle, messages = self._write_start(session.connection(), definition, decision, digest)
+        conn = session.connection()
+        handle, messages = self._write_start(conn, definition, decision, digest)
         if handle.created and messages:
-            event.listen(
-                session, "after_commit", self._publish_if_committed(handle, messages), once=True
-            )
+            self._publish_after_commit(session, conn, handle, messages)
         return handle
 
-    def _publish_if_committed(
-        self, handle: SagaHandle, messages: list[OutboundMessage]
-    ) -> Callable[[Session], None]:
-        """The caller's next commit may not be the one that holds the start: a savepoint
-        around it, or the transaction, may have rolled back first (and a later commit of
-        the same session fire this hook). So the saga row is looked up first; a start
-        that did not commit sends nothing. If the look-up fails, outbox recovery sends
-        what did commit."""
+    def _publish_after_commit(
+        self,
+        session: Session,
+        conn: Connection,
+        handle: SagaHandle,
+        messages: list[OutboundMessage],
+    ) -> None:
+        """Publish the start's first commands once the transaction that holds it commits.
+
+        ``after_commit`` also fires when a savepoint is released, and the caller's next
+        commit may not hold the start at all (a savepoint around it, or the whole
+        transaction, may have rolled back first). So the hook waits until no transaction
+        is open, then looks the saga row up: a start that did not commit sends nothing.
+        When the session joined a transaction of the caller's own connection, that
+        commit is not the session's to see: outbox recovery sends the commands then, as
+        it does when the look-up fails.
+        """
+        fields = {"saga_id": handle.saga_id, "saga_type": handle.saga_type}
+        done: list[bool] = []  # a listener cannot remove itself while it is dispatched
 
         def publish_after_commit(_session: Session) -> None:
+            if done or (not conn.closed and conn.in_transaction()):
+                # Done already, or a savepoint was released (or the session joined a
+                # transaction of the caller's connection, whose commit fires nothing
+                # here: recovery sends).
+                return
+            done.append(True)
             try:
-                with translated(self.engine.url), self.engine.connect() as conn:
-                    committed = sagas.exists(conn, handle.saga_id)
+                with translated(self.engine.url), self.engine.connect() as check:
+                    committed = sagas.exists(check, handle.saga_id)
             except ServiceUnavailable:
                 log.warning(
                     "saga start: cannot tell whether it committed; recovery sends its commands",
-                    extra={"saga_id": handle.saga_id, "saga_type": handle.saga_type},
+                    extra=fields,
                 )
                 return
             if not committed:
                 log.info(
                     "saga start rolled back with the caller's transaction; nothing sent",
-                    extra={"saga_id": handle.saga_id, "saga_type": handle.saga_type},
+                    extra=fields,
                 )
                 return
             self._outlet().send(saga_outbox, messages)
 
-        return publish_after_commit
+        event.listen(session, "after_commit", publish_after_commit)
 
     def _write_start(
         self, conn: Connection, definition: SagaDefinition, decision: Decision, digest: str

@@ -8,7 +8,6 @@ fence of a step done by hand (the step is SUCCEEDED and fencing, its compensatio
 
 from __future__ import annotations
 
-import pytest
 from kombu import Connection
 
 from saga_tasks.holding import DEAD_LETTER, intake, replay
@@ -27,11 +26,6 @@ def to_confirm(app, url, key):
     return handle
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replay_checks count only a REQUESTED step as awaiting its command: the dead "
-    "command of a step given up (which the decider re-awaits on replay) is blocked as late",
-)
 def test_the_dead_command_of_a_step_that_cannot_be_undone_can_be_replayed(order_app, settings):
     app, url = order_app, settings.broker_url
     handle = to_confirm(app, url, "rv-1")
@@ -63,11 +57,6 @@ def reject_the_last(url, queue):
     return last
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a dead-lettered fence is 'moved on' for the decider and for replay_checks "
-    "(the step is SUCCEEDED, compensation_id None) though the saga still waits for it",
-)
 def test_a_dead_fence_is_awaited_and_can_be_replayed(order_app, settings):
     app, url = order_app, settings.broker_url
     handle = app.start_saga("order", "rv-2", ORDER)
@@ -80,8 +69,14 @@ def test_a_dead_fence_is_awaited_and_can_be_replayed(order_app, settings):
     reject_the_last(url, "inventory.commands")  # the fence (inventory.release) dies
     intake(app, DEAD_LETTER)
     state = app.orchestrator.get(handle.saga_id)
-    assert state.steps["reserve_stock"].fencing, "the saga still waits for the fence"
+    assert state.status is SagaStatus.MANUAL_REVIEW, "a dead fence needs a person"
+    assert "fence" in (state.reason or "")
     (held,) = held_list(app, DEAD_LETTER)["messages"]
     assert held["task_name"] == "inventory.release"
     blocking = [c for c in held_show(app, held["id"])["replay_checks"] if c["blocks"]]
     assert not blocking, blocking
+    replay(app, held["id"], actor="ana", reason="the fence again", expect_version=state.version)
+    pump(app, url)
+    state = app.orchestrator.get(handle.saga_id)
+    assert not state.steps["reserve_stock"].fencing
+    assert state.steps["reserve_stock"].error is None, "the replayed fence answered"

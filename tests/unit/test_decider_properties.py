@@ -73,15 +73,16 @@ def check(
             or new.compensation_attempt != old.compensation_attempt
             or new.compensation_id != old.compensation_id
         )
-        replayed = any(h.event.endswith("_replayed") and h.step == name for h in decision.history)
-        if replayed:  # the held message itself is the command in flight: nothing new is sent
-            entered_compensation = False
         entered_fence = new.fencing and (
             not old.fencing or new.compensation_attempt != old.compensation_attempt
         )
+        # A replayed held message is itself what is in flight again: nothing new is sent.
+        replayed = any(h.event == "replay_awaited" and h.step == name for h in decision.history)
         # Invariant 1: the state says "requested" exactly when a command is sent for it.
         assert (entered_request and not replayed) == ((name, MessageKind.COMMAND) in sent)
-        assert (entered_compensation or entered_fence) == ((name, MessageKind.COMPENSATION) in sent)
+        assert ((entered_compensation or entered_fence) and not replayed) == (
+            (name, MessageKind.COMPENSATION) in sent
+        )
 
     for c in decision.commands:
         st_ = after.steps[c.step]

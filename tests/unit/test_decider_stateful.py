@@ -12,7 +12,7 @@ The sweeper claims a saga only when its wake-up time has passed and hands over o
 decider leaves due, as ``Orchestrator.sweep`` does; a compensation passes through the
 same checks as in ``ParticipantRuntime`` (superseded ids, then the forward command).
 ``StrictSagaWorld`` also lets participants refuse compensations and asserts what the
-shell and the participants rely on; it fails today (strict xfail, reasons listed).
+shell and the participants rely on: no conflict, no hand-over, nothing undone twice.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -360,17 +359,7 @@ StrictSagaWorld.TestCase.settings = settings(
     max_examples=400,
     stateful_step_count=40,
     deadline=None,
-    derandomize=True,  # the same examples every run, so the expected failure is stable
     database=None,
-    phases=[Phase.explicit, Phase.generate],  # no shrinking: the report names the defect
-    report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestStrictSagaWorld = pytest.mark.xfail(
-    strict=True,
-    reason="the sweep leaves a due step when a sibling is given up (the shell hands the saga "
-    "over); a fenced command's tombstone refusal and a refused newer generation beside an "
-    "older one that undid the step are classified conflicting; skip-step on a compensation "
-    "in flight lets it undo the step again; operator compensate undoes a parent beside its "
-    "child (see tests/unit/test_decider_review.py)",
-)(StrictSagaWorld.TestCase)
+TestStrictSagaWorld = StrictSagaWorld.TestCase
