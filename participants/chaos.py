@@ -351,7 +351,6 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
                 supervisor.kill(victim)
 
     killing = threading.Thread(target=killer, daemon=True, name="killer")
-    deadline = started_at + args.seconds
     queues_left: dict[str, int] = {}
     try:
         monitor.start()
@@ -374,6 +373,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
             """Active sagas the run still waits for: those the monitor flagged are done."""
             return len(_retrying(lambda: _active_ids(probe)) - monitor.flagged())
 
+        deadline = time.monotonic() + args.seconds
         while (waiting() or not outages.done()) and time.monotonic() < deadline:
             time.sleep(1)
         say("stopping the chaos; settling")
@@ -577,7 +577,12 @@ def _print_report(report: dict[str, Any]) -> None:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--sagas", type=int, default=500)
-    parser.add_argument("--seconds", type=float, default=300.0, help="budget for the sagas to end")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=300.0,
+        help="budget for the sagas to end, once all are started",
+    )
     parser.add_argument(
         "--kill-every", type=float, default=3.0, help="seconds between SIGKILLs (0: none)"
     )
