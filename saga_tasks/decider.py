@@ -772,10 +772,16 @@ class _Transition:
         self._refuse_if_final("skip a step")
         s, st = self._operator_step(a)
         said = f"operator {a.actor}: {a.reason}"
-        if st.status is StepStatus.COMPENSATING:
+        if st.status is StepStatus.COMPENSATING or (
+            st.status is StepStatus.COMPENSATION_FAILED
+            and (st.error in _UNANSWERED_COMPENSATION or st.generation > 1)
+        ):
+            # Undone by hand while a compensation may still run would undo it twice: one
+            # in flight, one that had no answer or was dead-lettered, or an earlier
+            # generation never fenced (the newer one did not run). A retry fences them.
             raise ActionRefused(
-                f"the compensation of step {s.name!r} is in flight and may still run: wait for "
-                "its answer, or retry it"
+                f"a compensation of step {s.name!r} may still run: wait for its answer, "
+                "retry it, or resolve the saga"
             )
         if st.status is StepStatus.COMPENSATION_FAILED:
             self.note("operator_skip_step", step=s.name, reason=said)

@@ -17,6 +17,7 @@ shell and the participants rely on: no conflict, no hand-over, nothing undone tw
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -332,10 +333,15 @@ class SagaWorld(RuleBasedStateMachine):
                 assert entry.outcome is Outcome.FAILURE, command_id
 
 
+IN_CI = os.environ.get("CI") == "true"
+"""CI runs a fixed set of examples, so a landing never depends on a lucky draw; every
+other run explores afresh, which is how the holes these worlds found were found."""
+
 SagaWorld.TestCase.settings = settings(
     max_examples=300,
     stateful_step_count=40,
     deadline=None,
+    derandomize=IN_CI,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestSagaWorld = SagaWorld.TestCase
@@ -359,6 +365,7 @@ StrictSagaWorld.TestCase.settings = settings(
     max_examples=400,
     stateful_step_count=40,
     deadline=None,
+    derandomize=IN_CI,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
