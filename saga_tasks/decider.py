@@ -325,8 +325,10 @@ class _Transition:
                     event,
                     f"reply to compensation {event.command_id} which step {name!r} did not send",
                 )
-            elif generation == st.generation - 1 and (
-                st.fencing or (success and st.error == "fence_failed")
+            elif (
+                generation == st.generation - 1
+                and st.status is StepStatus.SUCCEEDED
+                and (st.fencing or (success and st.error == "fence_failed"))
             ):
                 self.fence_answered(event, st)
             elif success and st.status in (
@@ -1079,6 +1081,7 @@ class _Transition:
         attempt = st.compensation_attempt + 1
         new = st.evolve(
             status=StepStatus.COMPENSATING,
+            error=None,
             compensation_attempt=attempt,
             compensation_id=cid,
             requested_at=self.now,

@@ -394,3 +394,29 @@ def test_a_saga_compensated_after_a_retry_says_why_it_was_compensated():
     d.compensated("s0")
     assert d.state.status is SagaStatus.COMPENSATED
     assert d.state.reason == why, d.state.reason
+
+
+def test_a_fence_answering_after_the_saga_compensates_the_step_counts_as_its_undo():
+    """Found by the stateful world: a fence given up (dead-lettered), the saga then
+    compensated by an operator, and the fence's re-send answers. It undid the command the
+    compensation is for, so the step is undone; the compensation awaited is not stranded
+    without a deadline."""
+    d = Driver(linear(1))
+    d.start()
+    fence = fence_of(act(d, OperatorVerb.SKIP_STEP, "s0"))
+    d.apply(
+        DeadLettered(
+            kind=MessageKind.COMPENSATION,
+            step="s0",
+            command_id=fence.command_id,
+            message_id=fence.message_id,
+            reason="rejected",
+            held_id=1,
+        )
+    )
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    act(d, OperatorVerb.COMPENSATE)
+    assert d.state.steps["s0"].status is StepStatus.COMPENSATING
+    d.apply(d.reply("s0", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
+    assert d.state.steps["s0"].status is StepStatus.COMPENSATED
+    assert d.state.status is SagaStatus.COMPENSATED
