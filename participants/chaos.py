@@ -324,6 +324,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         plan,
         started_at,
         on_event=say,
+        guard=args.outage_guard,
     )
     monitor = Monitor(
         database_url,
@@ -542,8 +543,9 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"  {'restarts by the supervisor':<34} {injected['restarts']:>5}")
     print("outages")
     for o in injected["outages"]:
+        waited = f" (waited {o['waited']}s for the guard)" if o["waited"] else ""
         print(
-            f"  {o['kind']:<10} down at {o['stopped_at']}s, back at {o['back_at']}s"
+            f"  {o['kind']:<10} down at {o['stopped_at']}s, back at {o['back_at']}s{waited}"
             + (f"  ERROR {o['error']}" if o["error"] else "")
         )
     op = injected["operator"]
@@ -605,6 +607,11 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--restart-gap", type=float, default=12.0, help="least seconds between two restarts"
+    )
+    parser.add_argument(
+        "--outage-guard",
+        default=None,
+        help="shell command that must succeed before a service is stopped (polled)",
     )
     parser.add_argument(
         "--broker-restart-mode",

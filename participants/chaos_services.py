@@ -115,6 +115,8 @@ class Outage:
     kind: str
     at: float
     down_for: float
+    waited: float = 0.0
+    """Seconds the outage waited for ``OutageRunner.guard`` to allow it."""
     stopped_at: float | None = None
     """Seconds into the run when the stop command returned."""
     back_at: float | None = None
@@ -125,6 +127,7 @@ class Outage:
         return {
             "kind": self.kind,
             "planned_at": round(self.at, 1),
+            "waited": round(self.waited, 1),
             "stopped_at": None if self.stopped_at is None else round(self.stopped_at, 1),
             "back_at": None if self.back_at is None else round(self.back_at, 1),
             "error": self.error,
@@ -163,6 +166,11 @@ class OutageRunner:
     plan: list[Outage]
     started_at: float
     on_event: Callable[[str], None] = lambda _line: None
+    guard: str | None = None
+    """A shell command that must succeed before a service is stopped (on a shared machine,
+    e.g. no test run in progress); polled every 5 s, for ``guard_timeout`` seconds at most,
+    after which the outage is skipped and reported."""
+    guard_timeout: float = 600.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _down: set[str] = field(default_factory=set)
     _thread: threading.Thread | None = None
@@ -179,9 +187,9 @@ class OutageRunner:
         """(from, to) in seconds into the run of every outage so far, the current one open."""
         now = time.monotonic() - self.started_at
         return [
-            (o.at, o.back_at if o.back_at is not None else now)
+            (o.at + o.waited, o.back_at if o.back_at is not None else now)
             for o in self.plan
-            if o.stopped_at is not None or o.error is not None
+            if o.stopped_at is not None
         ]
 
     def _work(self) -> None:
@@ -189,7 +197,25 @@ class OutageRunner:
             wait = self.started_at + outage.at - time.monotonic()
             if self._stop.wait(max(wait, 0)):
                 return
+            if not self._allowed(outage):
+                continue
             self._one(outage)
+
+    def _allowed(self, outage: Outage) -> bool:
+        if not self.guard:
+            return True
+        since = time.monotonic()
+        while True:
+            result = subprocess.run(["sh", "-c", self.guard], capture_output=True, check=False)
+            outage.waited = time.monotonic() - since
+            if result.returncode == 0:
+                return True
+            if outage.waited > self.guard_timeout:
+                outage.error = f"skipped: --outage-guard did not allow it in {outage.waited:.0f}s"
+                return False
+            self.on_event(f"the {outage.kind} outage waits for --outage-guard")
+            if self._stop.wait(5):
+                return False
 
     def _one(self, outage: Outage) -> None:
         kind = outage.kind

@@ -308,6 +308,23 @@ def test_outages_are_planned_apart_and_a_service_down_at_the_end_comes_back():
     assert runner.plan[0].back_at is not None
     assert runner.errors() == []
 
+    # A guard that does not allow it: the outage is skipped and said so, nothing stopped.
+    fake.calls.clear()
+    guarded = OutageRunner(
+        fake,
+        plan_outages(broker_restarts=0, database_restarts=1, load_seconds=0, down_for=0,
+                     gap=1, first_at=0),
+        time.monotonic(),
+        guard="exit 1",
+        guard_timeout=0,
+    )  # fmt: skip
+    guarded.start()
+    wait_for(guarded.done, timeout=10)
+    assert fake.calls == []
+    assert guarded.errors() == [
+        "database outage at 0s: skipped: --outage-guard did not allow it in 0s"
+    ]
+
     monitor = Monitor(
         "postgresql+psycopg2://nobody@127.0.0.1/none",
         0.0,
