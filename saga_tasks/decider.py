@@ -1156,6 +1156,8 @@ class _Transition:
         self.note(event)
 
     def manual_review(self, reason: str) -> None:
+        if self.status in TERMINAL_SAGA and self.classification is Classification.ACCEPTED:
+            self.classification = Classification.LATE  # it reopens a saga that had ended
         self.changed = True
         self.set_status(SagaStatus.MANUAL_REVIEW, reason)
         self.note("manual_review", reason=reason)
