@@ -87,7 +87,7 @@ FAULTS: tuple[tuple[str, dict[str, str] | None, int], ...] = (
     ("duplicate_reply", {"inventory.reserve": "duplicate_reply"}, 5),
     ("transient_errors", {"inventory.reserve": "transient:2"}, 3),
     ("slow_reply", {"payments.authorize": "slow:2"}, 5),
-    ("slower_than_its_timeout", {"payments.authorize": "slow:15"}, 2),
+    ("slower_than_its_timeout", {"payments.authorize": "slow:15"}, 1),
     ("participant_crash_after_commit", {"orders.create": "crash_after_commit"}, 4),
     ("participant_crash_before_commit", {"payments.authorize": "crash_before_commit"}, 3),
     ("compensation_slow", {"inventory.release": "slow:2"}, 3),
@@ -140,7 +140,9 @@ def chaos_processes(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
         ("maintenance-b", ["saga.maintenance"], "solo", 1),
         ("orders", ["orders.commands"], "prefork", 2),
         ("inventory", ["inventory.commands"], "prefork", 2),
-        ("payments", ["payments.commands"], "prefork", 4),
+        # Slow faults hold a payments child for the whole wait (and a re-send of a slow
+        # command another, waiting on its ledger row): room for them and for the rest.
+        ("payments", ["payments.commands"], "prefork", 8),
     ]
     processes = [
         WorkerProcess(app, queues=q, name=n, pool=p, concurrency=c, env=env, log_dir=log_dir)
@@ -291,7 +293,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
             print(f"{time.monotonic() - started_at:7.1f}s  {line}", flush=True)
 
     declare_topology(broker_url, saga_app.topology)
-    seed(saga_app.engine)
+    seed(saga_app.engine, *_stock_and_credit(args.sagas))
     # The run's own reads: a fresh connection each, so a database restart costs one try.
     probe = create_engine(database_url, poolclass=NullPool, connect_args={"connect_timeout": 3})
     log_dir = Path(args.log_dir)
@@ -440,6 +442,19 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
 
     dispose_all()
     return 1 if violations or harness_errors else 0
+
+
+def _stock_and_credit(sagas: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The seed's stock and credit, grown with the run: a completed saga keeps its stock
+    and its authorization, and a long run must not turn into one of missing stock."""
+    from participants.seed import DEFAULT_CUSTOMERS, DEFAULT_STOCK
+
+    stock = {sku: n + sagas // 2 if n >= 1_000 else n for sku, n in DEFAULT_STOCK.items()}
+    credit = {
+        c: max(limit, sagas * 2_000) if limit >= 1_000_000 else limit
+        for c, limit in DEFAULT_CUSTOMERS.items()
+    }
+    return stock, credit
 
 
 def _retrying(read: Callable[[], Any], timeout: float = 120.0) -> Any:
