@@ -123,7 +123,8 @@ def test_a_succeeded_retry_beside_a_still_refused_compensation_hands_the_saga_to
     assert d.state.status is SagaStatus.COMPENSATED
 
 
-def test_a_dead_lettered_compensation_that_succeeds_later_completes():
+def compensation_dead_lettered(reason: str):
+    """s1 failed; s0's compensation reached the dead-letter queue."""
     d = Driver(linear(2))
     d.start()
     d.succeed("s0")
@@ -135,10 +136,15 @@ def test_a_dead_lettered_compensation_that_succeeds_later_completes():
             step="s0",
             command_id=st.compensation_id,
             message_id="dead-1",
-            reason="retries spent",
+            reason=reason,
             held_id=1,
         )
     )
+    return d, st
+
+
+def test_a_dead_lettered_compensation_that_succeeds_later_completes():
+    d, _ = compensation_dead_lettered("retries spent")
     assert d.state.status is SagaStatus.MANUAL_REVIEW
     # The sweeper's second send of the same compensation succeeds after all.
     decision = d.compensated("s0")
@@ -151,21 +157,7 @@ def test_a_dead_lettered_compensation_that_succeeds_later_completes():
 
 
 def test_a_replayed_dead_compensation_that_succeeds_completes():
-    d = Driver(linear(2))
-    d.start()
-    d.succeed("s0")
-    d.fail("s1")
-    st = d.state.steps["s0"]
-    d.apply(
-        DeadLettered(
-            kind=MessageKind.COMPENSATION,
-            step="s0",
-            command_id=st.compensation_id,
-            message_id="dead-1",
-            reason="poison",
-            held_id=1,
-        )
-    )
+    d, st = compensation_dead_lettered("poison")
     act(
         d,
         OperatorVerb.REPLAY,
