@@ -6,12 +6,12 @@ PostgreSQL restarted, an operator acting at random, then proof.
                      [--operator-every 2] [--queue-type classic|quorum]
 
 It makes its own RabbitMQ vhost and PostgreSQL database (unless ``--here``), starts an
-orchestrator, a worker per participant queue, and two beats (one a standby), and starts
-the sagas with a mix of faults (crashes before and after commit in participants, in the
-orchestrator and in outbox recovery; duplicate and slow replies; slow work that outlives
-its timeout; declined payments; missing stock; commands and compensations that fail
-until they are dead-lettered; a compensation refused until a person retries it; a
-poison message). While they run:
+orchestrator, a worker per participant queue, two maintenance workers and two beats (one
+a standby), and starts the sagas with a mix of faults (crashes before and after commit
+in participants, in the orchestrator and in outbox recovery; duplicate and slow replies;
+slow work that outlives its timeout; declined payments; missing stock; commands and
+compensations that fail until they are dead-lettered; a compensation refused until a
+person retries it; a poison message). While they run:
 
 - a random process is SIGKILLed every few seconds and the supervisor restarts it;
 - RabbitMQ is stopped and started again (``--broker-restarts``), and so is PostgreSQL
@@ -58,6 +58,7 @@ from participants.chaos_checks import (
 )
 from participants.chaos_monitor import Monitor
 from participants.chaos_operator import RandomOperator
+from participants.chaos_report import observed, report_text, review_reasons
 from participants.chaos_services import OutageRunner, ServiceControl, plan_outages
 from saga_tasks.config import Settings
 from saga_tasks.ops.processes import Supervisor, WorkerProcess, exit_on_sigterm, wait_for
@@ -172,62 +173,6 @@ def payload_for(
         if kind == "slower_than_its_timeout":  # the payment's timeout is 60 s, scaled
             payload["demo_faults"]["payments.authorize"] = f"slow:{60 * time_scale + 3:g}"
     return payload
-
-
-OBSERVED_EVENTS = (
-    "step_resent",
-    "step_given_up",
-    "compensation_resent",
-    "late_reply",
-    "duplicate_reply",
-    "duplicate_message",
-    "conflicting_reply",
-    "invalid_message",
-    "dead_lettered",
-    "manual_review",
-    "saga_resumed",
-    "demo_fault",
-)
-
-
-def observed(engine: Any) -> dict[str, int]:
-    """What the history and the outboxes show happened: re-sends, late and duplicate replies."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT event, count(*) FROM saga.saga_history WHERE event = ANY(:e) GROUP BY 1"),
-            {"e": list(OBSERVED_EVENTS)},
-        )
-        found = dict.fromkeys(OBSERVED_EVENTS, 0) | {r[0]: r[1] for r in rows}
-        for holding, status, n in conn.execute(
-            text("SELECT holding, status, count(*) FROM saga.held_message GROUP BY 1, 2")
-        ):
-            found[f"held_{holding}_{status}"] = int(n)
-        found["outbox_rows_recovered"] = sum(
-            int(conn.execute(text(f"SELECT count(*) FROM {s}.outbox WHERE recovered")).scalar_one())  # noqa: S608
-            for s in ("saga", "orders", "inventory", "payments")
-        )
-    return found
-
-
-def review_reasons(engine: Any) -> dict[str, int]:
-    """Why the sagas that wait for a person wait, their reasons' first words grouped."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT status_reason, count(*) FROM saga.saga_instance "
-                "WHERE status = 'MANUAL_REVIEW' GROUP BY 1"
-            )
-        )
-        reasons: Counter[str] = Counter()
-        for reason, n in rows:
-            reasons[_reason_kind(reason or "")] += int(n)
-    return dict(reasons.most_common())
-
-
-def _reason_kind(reason: str) -> str:
-    """A reason without its ids and numbers, so that like reasons count together."""
-    words = [w for w in reason.split() if not any(c.isdigit() for c in w)]
-    return " ".join(words)[:90]
 
 
 def run(args: Any) -> int:
@@ -435,7 +380,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        _print_report(report)
+        print(report_text(report))
     probe.dispose()
     saga_app.close()
     from saga_tasks.persistence.db import dispose_all
@@ -545,51 +490,6 @@ def _queue_backlog(broker_url: str, names: Sequence[str]) -> dict[str, int]:
         }
         return {n: found.get(n, 0) for n in names}
     return queue_depths(broker_url, names)
-
-
-def _print_report(report: dict[str, Any]) -> None:
-    injected = report["injected"]
-    print(f"\ninjected faults ({report['sagas']} sagas, {report['queue_type']} queues)")
-    for kind, n in sorted(injected["faults"].items()):
-        print(f"  {kind:<34} {n:>5}")
-    print("SIGKILLs")
-    for name, n in sorted(injected["kills"].items()):
-        print(f"  {name:<34} {n:>5}")
-    print(f"  {'restarts by the supervisor':<34} {injected['restarts']:>5}")
-    print("outages")
-    for o in injected["outages"]:
-        waited = f" (waited {o['waited']}s for the guard)" if o["waited"] else ""
-        print(
-            f"  {o['kind']:<10} down at {o['stopped_at']}s, back at {o['back_at']}s{waited}"
-            + (f"  ERROR {o['error']}" if o["error"] else "")
-        )
-    op = injected["operator"]
-    print(f"operator actions ({op['attempts']} tried, {op['done']} accepted)")
-    for what, n in op["by_outcome"].items():
-        print(f"  {what:<34} {n:>5}")
-    for line in op["errors"][:20]:
-        print(f"  error: {line}")
-    print("found")
-    for status, n in sorted(report["found"]["statuses"].items()):
-        print(f"  {status:<34} {n:>5}")
-    for reason, n in report["found"]["manual_review_reasons"].items():
-        print(f"    {n:>5}  {reason}")
-    for event, n in report["found"]["events"].items():
-        print(f"  {event:<34} {n:>5}")
-    for key, value in report["found"]["monitor"].items():
-        print(f"  monitor {key:<26} {value:>5}")
-    for line in report["harness_errors"]:
-        print(f"HARNESS ERROR {line}")
-    if report["violations"]:
-        print(f"\n{len(report['violations'])} VIOLATIONS")
-        for line in report["violations"][:50]:
-            print(f"  {line}")
-        for saga_id, lines in report["evidence"].items():
-            print(f"\nsaga {saga_id}")
-            for line in lines:
-                print(f"  {line}")
-    else:
-        print(f"\nno invariant broken ({report['seconds']}s)")
 
 
 def add_arguments(parser: Any) -> None:
