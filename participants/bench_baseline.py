@@ -10,7 +10,7 @@ cost of durability without saga logic. The last task pushes the chain's latency 
 a Redis list the benchmark reads.
 
 ``BENCH_ACK_FIX=1`` gives the baselines the same consumer fix the saga workers run
-(acks written at once, ``saga_tasks.tasks.consumer``): without it, stock Celery with
+(acks written at once, ``saga_tasks.worker.consumer``): without it, stock Celery with
 ``acks_late`` stalls whenever the prefetch window fills (celery/celery#7718), and the
 benchmark reports that too, as ``*_stock``.
 """
@@ -49,7 +49,7 @@ app.conf.update(
     broker_transport_options={"confirm_publish": True} if DURABLE else {},
 )
 if ACK_FIX:
-    app.conf.worker_consumer = "saga_tasks.tasks.consumer:ImmediateAckConsumer"
+    app.conf.worker_consumer = "saga_tasks.worker.consumer:ImmediateAckConsumer"
 
 _engine: Any = None
 _redis: Any = None

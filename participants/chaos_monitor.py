@@ -61,7 +61,7 @@ _IDLE = text(
 def in_flight(step: Any) -> bool:
     """What the saga model says is out and awaited for a step (a command, a
     compensation, or the fence of a command of a step done by hand)."""
-    from saga_tasks.states import IN_FLIGHT
+    from saga_tasks.core.states import IN_FLIGHT
 
     said = getattr(step, "in_flight", None)
     return bool(said) if said is not None else step.status in IN_FLIGHT

@@ -5,7 +5,7 @@ message, a running or a compensating saga), looks at it with the function ``saga
 uses, chooses one of the actions that fit what it sees (retry a step or its
 compensation, skip a step, compensate, replay a held message) and takes it through the
 function the CLI takes it with (``saga_tasks.ops.operator.act``,
-``saga_tasks.holding.replay``), stating the version it looked at. A saga that moved
+``saga_tasks.runtime.holding.replay``), stating the version it looked at. A saga that moved
 meanwhile refuses the action (``VersionMismatch``), as it would refuse a person; so
 does a state the action does not fit (``ActionRefused``). A replay the checks refuse
 is sometimes forced, with a reason, to put the fences behind the checks to the test.
@@ -185,8 +185,8 @@ class RandomOperator:
         self._record(verb, saga_id, step, "done")
 
     def _replay(self, held_id: int) -> None:
-        from saga_tasks.holding import replay
         from saga_tasks.ops.operator import held_show
+        from saga_tasks.runtime.holding import replay
 
         view = held_show(self.app, held_id)  # what `saga-tasks dlq show` prints
         saga_id = view["saga_id"]

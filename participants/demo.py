@@ -32,9 +32,9 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from saga_tasks.config import Settings, mask_url
+from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.errors import SagaTasksError
 from saga_tasks.ops.processes import Supervisor, WorkerProcess
-from saga_tasks.states import TERMINAL_SAGA, SagaStatus
 
 STATE_DIR = Path(".demo")
 WEB_PORT = 8000

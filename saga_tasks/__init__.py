@@ -2,8 +2,18 @@
 
 from saga_tasks.app import SagaApp, default_app, load_app, start_saga
 from saga_tasks.config import Settings
-from saga_tasks.decider import CommandIntent, Decision, HistoryEntry, decide
-from saga_tasks.definitions import LateReplyPolicy, RetryPolicy, SagaDefinition, Step, saga, step
+from saga_tasks.core.decider import CommandIntent, Decision, HistoryEntry, decide
+from saga_tasks.core.definitions import (
+    LateReplyPolicy,
+    RetryPolicy,
+    SagaDefinition,
+    Step,
+    saga,
+    step,
+)
+from saga_tasks.core.events import ReplyReceived, Started
+from saga_tasks.core.model import SagaState, StepState
+from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import (
     BusinessKeyConflict,
     BusinessRejection,
@@ -23,11 +33,8 @@ from saga_tasks.errors import (
     UnknownDependency,
     UnknownSagaType,
 )
-from saga_tasks.events import ReplyReceived, Started
-from saga_tasks.model import SagaState, StepState
-from saga_tasks.orchestration import SagaHandle
-from saga_tasks.participant import CommandContext, Participant
-from saga_tasks.states import SagaStatus, StepStatus
+from saga_tasks.runtime.orchestrator import SagaHandle
+from saga_tasks.runtime.participant import CommandContext, Participant
 
 __all__ = [
     # defining sagas

@@ -20,17 +20,17 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from saga_tasks.clock import Clock, SystemClock
 from saga_tasks.config import Settings
-from saga_tasks.definitions import SagaDefinition
-from saga_tasks.delivery import Outlet, SyncOutlet
+from saga_tasks.core.clock import Clock, SystemClock
+from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.errors import ConfigurationError, CrossParticipantCompensation
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import Topology
-from saga_tasks.orchestration import Orchestrator, Registry, SagaHandle
-from saga_tasks.participant import Participant, ParticipantRuntime
 from saga_tasks.persistence.db import get_engine
 from saga_tasks.persistence.tables import saga_outbox
+from saga_tasks.runtime.orchestrator import Orchestrator, Registry, SagaHandle
+from saga_tasks.runtime.outlet import Outlet, SyncOutlet
+from saga_tasks.runtime.participant import Participant, ParticipantRuntime
 
 _default: list[SagaApp] = []
 """The first SagaApp built in this process, which ``start_saga`` uses."""
@@ -51,7 +51,7 @@ class SagaApp:
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
-        from saga_tasks import tracing
+        from saga_tasks.observability import tracing
 
         tracing.configure(self.settings.trace_export)
         from saga_tasks.persistence import prepared
@@ -149,7 +149,7 @@ class SagaApp:
 
     @cached_property
     def celery(self) -> Celery:
-        from saga_tasks.tasks import build_celery
+        from saga_tasks.worker.tasks import build_celery
 
         return build_celery(self)
 

@@ -37,9 +37,9 @@ from typing import Any
 
 from sqlalchemy import Engine, Table
 
-from saga_tasks import metrics
 from saga_tasks.config import mask_url
-from saga_tasks.messages import OutboundMessage
+from saga_tasks.core.messages import OutboundMessage
+from saga_tasks.observability import metrics
 from saga_tasks.persistence import outbox
 from saga_tasks.persistence.db import translated
 

@@ -16,8 +16,8 @@ from typing import Any, cast
 from celery import Celery
 
 from saga_tasks.config import mask_url
+from saga_tasks.core.messages import OutboundMessage, describe
 from saga_tasks.errors import PublishFailed
-from saga_tasks.messages import OutboundMessage, describe
 from saga_tasks.messaging.topology import Topology
 
 log = logging.getLogger("saga_tasks.publisher")

@@ -243,8 +243,8 @@ def list_(
     obj: _Context, status: str | None, saga_type: str | None, limit: int, as_json: bool
 ) -> None:
     """List recent sagas, newest first."""
+    from saga_tasks.core.states import saga_status
     from saga_tasks.ops.views import list_view
-    from saga_tasks.states import saga_status
 
     parsed = None
     if status is not None:
@@ -302,7 +302,7 @@ def web(obj: _Context, host: str, port: int) -> None:
     """Serve the HTTP API, /metrics and the dashboard."""
     import uvicorn
 
-    from saga_tasks.observability import configure_logging
+    from saga_tasks.observability.logs import configure_logging
     from saga_tasks.web import create_web_app
 
     app = obj.app()
@@ -532,7 +532,7 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
         as_json: bool,
     ) -> None:
         """Publish a held message again to its queue, if the checks allow it."""
-        from saga_tasks.holding import replay
+        from saga_tasks.runtime.holding import replay
 
         app = obj.app()
         with _errors():
@@ -566,7 +566,7 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
     @click.pass_obj
     def discard_held(obj: _Context, held_id: int, actor: str, reason: str) -> None:
         """Close a held message without sending it."""
-        from saga_tasks.holding import discard
+        from saga_tasks.runtime.holding import discard
 
         app = obj.app()
         with _errors():

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from saga_tasks.core.events import OperatorAction, OperatorVerb
 from saga_tasks.errors import InputError
-from saga_tasks.events import OperatorAction, OperatorVerb
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import held_message, saga_instance
 
@@ -130,7 +130,7 @@ def held_list(
 
 def held_show(app: SagaApp, held_id: int) -> dict[str, Any]:
     """One held message with its replay checks as they stand now."""
-    from saga_tasks.holding import held, replay_checks
+    from saga_tasks.runtime.holding import held, replay_checks
 
     with translated(app.settings.database_url), app.engine.connect() as conn:
         row = held(conn, held_id)

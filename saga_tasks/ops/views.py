@@ -20,10 +20,10 @@ from datetime import datetime
 from typing import Any
 
 from saga_tasks.app import SagaApp
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import invalid_message
-from saga_tasks.states import SagaStatus
 
 
 def _iso(value: datetime | None) -> str | None:

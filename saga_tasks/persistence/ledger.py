@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, Table, TextClause, text
 
-from saga_tasks.messages import OutboundMessage
+from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.persistence import outbox, recordset
 from saga_tasks.persistence.prepared import Prepared
 

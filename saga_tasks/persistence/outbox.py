@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, Table, TextClause, and_, func, select, text, update
 
-from saga_tasks.messages import OutboundMessage
+from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.persistence import recordset
 
 COLUMNS = ("message_id", "saga_id", "task_name", "queue", "routing_key", "headers", "body")

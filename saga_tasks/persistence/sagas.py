@@ -15,10 +15,11 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Column, Connection, Row, insert, select, text
 
-from saga_tasks.decider import HistoryEntry
+from saga_tasks.core.decider import HistoryEntry
+from saga_tasks.core.messages import OutboundMessage
+from saga_tasks.core.model import SagaState, StepState
+from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import ConcurrencyConflict
-from saga_tasks.messages import OutboundMessage
-from saga_tasks.model import SagaState, StepState
 from saga_tasks.persistence import outbox, recordset
 from saga_tasks.persistence.prepared import Prepared
 from saga_tasks.persistence.tables import (
@@ -27,7 +28,6 @@ from saga_tasks.persistence.tables import (
     saga_outbox,
     saga_step,
 )
-from saga_tasks.states import SagaStatus, StepStatus
 
 SYSTEM_ACTOR = "system"
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from saga_tasks.app import SagaApp
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import (
     ActionRefused,
     BusinessKeyConflict,
@@ -27,7 +28,6 @@ from saga_tasks.errors import (
 )
 from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import translated
-from saga_tasks.states import SagaStatus
 
 PROBLEM = "application/problem+json"
 PROBLEM_BASE = "https://saga-tasks.dev/problems/"
@@ -249,7 +249,7 @@ def build(app: SagaApp) -> FastAPI:
             generate_latest,
         )
 
-        from saga_tasks.metrics import StateCollector
+        from saga_tasks.observability.metrics import StateCollector
 
         state = CollectorRegistry(auto_describe=False)
         state.register(StateCollector(app))
@@ -277,7 +277,7 @@ def build(app: SagaApp) -> FastAPI:
         created = False
         if stored is None:
             if traceparent is not None:
-                from saga_tasks.tracing import TRACEPARENT
+                from saga_tasks.observability.tracing import TRACEPARENT
 
                 if not TRACEPARENT.match(traceparent):
                     traceparent = None  # a malformed header starts a new trace, as W3C asks
@@ -410,8 +410,8 @@ def build(app: SagaApp) -> FastAPI:
         who: Annotated[str, Depends(actor)],
     ) -> dict[str, Any]:
         """Replay (after its checks) or discard a held message, audited with the token's actor."""
-        from saga_tasks.holding import discard, replay
         from saga_tasks.ops.operator import held_show
+        from saga_tasks.runtime.holding import discard, replay
 
         try:
             if verb == "replay":

@@ -21,9 +21,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy import func, select, text
 
 from saga_tasks.app import SagaApp
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import held_message, saga_instance
-from saga_tasks.states import SagaStatus
 
 HERE = Path(__file__).parent
 STATUS_ORDER = [s.value for s in SagaStatus]

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
-from saga_tasks.states import SagaStatus
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
 from saga_tasks.web import create_web_app
 from tests.conftest import ANA_TOKEN
@@ -80,7 +80,7 @@ def test_worker_metrics_match_the_database(order_app, workers):
 def test_one_trace_per_saga_across_processes(settings, workers, tmp_path):
     from dataclasses import replace
 
-    from saga_tasks import tracing
+    from saga_tasks.observability import tracing
     from tests.conftest import build_order_app
 
     spans_file = tmp_path / "spans.jsonl"
@@ -154,7 +154,7 @@ def test_alerts_go_out_once_per_saga_and_channel(order_app, settings, webhook):
     from dataclasses import replace
 
     from saga_tasks import SagaApp
-    from saga_tasks.alerts import scan
+    from saga_tasks.observability.alerts import scan
 
     url, hook = webhook
     app = SagaApp(
@@ -238,8 +238,8 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
     # A dead letter of the running saga, taken in: the held page joins it with its saga.
     from kombu import Connection
 
-    from saga_tasks.holding import DEAD_LETTER, intake
-    from saga_tasks.messages import H_KIND, H_SAGA_ID, H_STEP
+    from saga_tasks.core.messages import H_KIND, H_SAGA_ID, H_STEP
+    from saga_tasks.runtime.holding import DEAD_LETTER, intake
 
     with Connection(settings.broker_url) as conn:
         conn.Producer().publish(

@@ -7,7 +7,7 @@ import uuid
 
 from kombu import Connection
 
-from saga_tasks.states import SagaStatus
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
 from tests.integration.helpers import ORDER, rows, scalar
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from saga_tasks.states import TERMINAL_SAGA, SagaStatus
+from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.testing import queue_depths, wait_for
 from tests.integration.helpers import ORDER, rows, scalar
 

@@ -9,8 +9,8 @@ import sys
 
 from kombu import Connection
 
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.ops.processes import Supervisor
-from saga_tasks.states import SagaStatus
 from saga_tasks.testing import RabbitAdmin, wait_for, wait_for_status
 from tests.integration.helpers import ORDER, rows, scalar
 

@@ -18,8 +18,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.messaging.topology import QUORUM_DELIVERY_LIMIT
-from saga_tasks.states import SagaStatus
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
 from tests.conftest import ADMIN_URL, build_order_app
 from tests.faults.test_crashes import assert_each_effect_once

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from saga_tasks.states import SagaStatus
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
 from tests.faults.test_crashes import assert_each_effect_once
 from tests.integration.helpers import ORDER, rows, scalar

@@ -12,13 +12,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from saga_tasks import SagaApp, ServiceUnavailable, metrics
-from saga_tasks.delivery import SyncOutlet, relay
+from saga_tasks import SagaApp, ServiceUnavailable
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.messaging.dispatcher import Dispatcher
 from saga_tasks.messaging.topology import declare_topology
+from saga_tasks.observability import metrics
 from saga_tasks.persistence import db
 from saga_tasks.persistence.tables import saga_outbox
-from saga_tasks.states import SagaStatus
+from saga_tasks.runtime.outlet import SyncOutlet, relay
 from tests.conftest import ADMIN_URL
 from tests.integration.helpers import ORDER, drain, pump, scalar
 

@@ -14,11 +14,11 @@ from kombu import Connection
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from saga_tasks.delivery import relay
 from saga_tasks.errors import TopologyMismatch
 from saga_tasks.messaging.topology import Topology, declare_topology
 from saga_tasks.ops.services import current_revision, upgrade
 from saga_tasks.persistence.tables import saga_outbox
+from saga_tasks.runtime.outlet import relay
 from saga_tasks.testing import Isolation, queue_depths
 from tests.conftest import ADMIN_URL, PREFIX
 from tests.integration.helpers import ORDER, drain, scalar

@@ -6,9 +6,9 @@ from __future__ import annotations
 from kombu import Connection
 from sqlalchemy import text
 
-from saga_tasks import invalid
-from saga_tasks.holding import DEAD_LETTER, PARKING, intake, park_raw, replay_checks
-from saga_tasks.states import SagaStatus
+from saga_tasks.core.states import SagaStatus
+from saga_tasks.runtime import invalid
+from saga_tasks.runtime.holding import DEAD_LETTER, PARKING, intake, park_raw, replay_checks
 from saga_tasks.testing import queue_depths, wait_for
 from tests.integration.helpers import rows
 from tests.integration.test_operators import events, reject_one, to_reserve

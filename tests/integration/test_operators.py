@@ -10,10 +10,10 @@ import pytest
 from kombu import Connection
 from sqlalchemy import text
 
+from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused, InputError, VersionMismatch
-from saga_tasks.holding import DEAD_LETTER, PARKING, discard, intake, park_raw, replay
 from saga_tasks.ops.operator import act, held_list, held_show, stuck
-from saga_tasks.states import SagaStatus, StepStatus
+from saga_tasks.runtime.holding import DEAD_LETTER, PARKING, discard, intake, park_raw, replay
 from saga_tasks.testing import queue_depths
 from tests.conftest import build_order_app
 from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar

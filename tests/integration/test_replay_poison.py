@@ -11,10 +11,10 @@ import dataclasses
 
 from kombu import Connection
 
-from saga_tasks.holding import DEAD_LETTER, intake, replay
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.messaging.topology import QUORUM_DELIVERY_LIMIT
 from saga_tasks.ops.operator import held_list, held_show
-from saga_tasks.states import SagaStatus
+from saga_tasks.runtime.holding import DEAD_LETTER, intake, replay
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
 from tests.conftest import build_order_app
 from tests.integration.helpers import ORDER, drain, run_command, run_reply

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from kombu import Connection
 
-from saga_tasks.holding import DEAD_LETTER, intake, replay
+from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.ops.operator import act, held_list, held_show
-from saga_tasks.states import SagaStatus, StepStatus
+from saga_tasks.runtime.holding import DEAD_LETTER, intake, replay
 from tests.integration.helpers import ORDER, drain, pump, run_command, run_reply
 from tests.integration.test_operators import reject_one
 

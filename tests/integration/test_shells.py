@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from saga_tasks.states import Classification, SagaStatus
+from saga_tasks.core.states import Classification, SagaStatus
 from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from saga_tasks import BusinessKeyConflict, InputError, InvalidPayload, UnknownSagaType
-from saga_tasks.states import SagaStatus
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import queue_depths
 from tests.integration.helpers import ORDER, drain, rows, scalar
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from saga_tasks.states import SagaStatus, StepStatus
+from saga_tasks.core.states import SagaStatus, StepStatus
 from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
 
 

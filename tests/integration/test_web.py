@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
-from saga_tasks.observability import JsonFormatter
+from saga_tasks.observability.logs import JsonFormatter
 from saga_tasks.web import create_web_app
 from tests.conftest import ANA_TOKEN
 from tests.integration.helpers import ORDER, drain, pump, run_command, run_reply, scalar
@@ -251,8 +251,8 @@ def test_every_classification_timeout_and_backlog_shows_in_metrics(clocked_app, 
     the backlog gauges read what the database and the broker hold."""
     from kombu import Connection
 
-    from saga_tasks.holding import DEAD_LETTER, intake
-    from saga_tasks.messages import H_KIND, H_SAGA_ID, H_STEP
+    from saga_tasks.core.messages import H_KIND, H_SAGA_ID, H_STEP
+    from saga_tasks.runtime.holding import DEAD_LETTER, intake
 
     app, url = clocked_app, settings.broker_url
     with TestClient(create_web_app(app)) as client:
@@ -420,7 +420,7 @@ def test_counts_over_time_come_from_beats_samples(clocked_app, clock, settings):
     """Beat's samples of the counts by status are the dashboard's history of counts."""
     import re
 
-    from saga_tasks.tasks import take_sample
+    from saga_tasks.worker.tasks import take_sample
 
     app = clocked_app
     with TestClient(create_web_app(app)) as client:

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from saga_tasks import ReplyReceived, SagaState, Started, decide
-from saga_tasks.decider import Decision
-from saga_tasks.definitions import SagaDefinition, saga, step
-from saga_tasks.events import DeadlinePassed
-from saga_tasks.states import MessageKind, Outcome
+from saga_tasks.core.decider import Decision
+from saga_tasks.core.definitions import SagaDefinition, saga, step
+from saga_tasks.core.events import DeadlinePassed
+from saga_tasks.core.states import MessageKind, Outcome
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from saga_tasks.tasks.consumer import ImmediateAckConsumer, SagaConsumer
+from saga_tasks.worker.consumer import ImmediateAckConsumer, SagaConsumer
 
 
 class _Hub:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from saga_tasks.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
+from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver, diamond, linear
 
 

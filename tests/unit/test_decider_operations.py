@@ -12,12 +12,12 @@ from datetime import timedelta
 
 import pytest
 
-from saga_tasks.decider import decide, hand_over
-from saga_tasks.definitions import saga, step
+from saga_tasks.core.decider import decide, hand_over
+from saga_tasks.core.definitions import saga, step
+from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
+from saga_tasks.core.model import LATE_SUCCESS
+from saga_tasks.core.states import MessageKind, Outcome, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
-from saga_tasks.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
-from saga_tasks.model import LATE_SUCCESS
-from saga_tasks.states import MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver, linear
 
 

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from saga_tasks import ReplyReceived, SagaState
-from saga_tasks.decider import Decision
-from saga_tasks.definitions import SagaDefinition, saga, step
-from saga_tasks.states import (
+from saga_tasks.core.decider import Decision
+from saga_tasks.core.definitions import SagaDefinition, saga, step
+from saga_tasks.core.states import (
     IN_FLIGHT,
     TERMINAL_SAGA,
     Classification,

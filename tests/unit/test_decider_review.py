@@ -11,15 +11,15 @@ from datetime import timedelta
 
 import pytest
 
-from saga_tasks.clock import FakeClock
-from saga_tasks.decider import Decision
-from saga_tasks.definitions import saga, step
+from saga_tasks.core.clock import FakeClock
+from saga_tasks.core.decider import Decision
+from saga_tasks.core.definitions import saga, step
+from saga_tasks.core.events import DeadLettered, OperatorAction, OperatorVerb
+from saga_tasks.core.messages import MAX_GENERATIONS
+from saga_tasks.core.model import LATE_SUCCESS, SagaState
+from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
-from saga_tasks.events import DeadLettered, OperatorAction, OperatorVerb
-from saga_tasks.messages import MAX_GENERATIONS
-from saga_tasks.model import LATE_SUCCESS, SagaState
-from saga_tasks.orchestration import Orchestrator, Registry, SweepReport
-from saga_tasks.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
+from saga_tasks.runtime.orchestrator import Orchestrator, Registry, SweepReport
 from tests.unit.sagas import Driver, linear
 
 

@@ -27,17 +27,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from saga_tasks import ReplyReceived
-from saga_tasks.decider import CommandIntent, decide, hand_over
-from saga_tasks.definitions import (
+from saga_tasks.core.decider import CommandIntent, decide, hand_over
+from saga_tasks.core.definitions import (
     DeadLetterPolicy,
     LateReplyPolicy,
     SagaDefinition,
     saga,
     step,
 )
+from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
+from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
-from saga_tasks.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
-from saga_tasks.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver
 from tests.unit.test_decider_properties import check
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from saga_tasks.definitions import saga, step
-from saga_tasks.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
+from saga_tasks.core.definitions import saga, step
+from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver
 
 

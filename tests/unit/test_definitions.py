@@ -18,7 +18,7 @@ from saga_tasks import (
     saga,
     step,
 )
-from saga_tasks.definitions import LateReplyPolicy, RetryPolicy
+from saga_tasks.core.definitions import LateReplyPolicy, RetryPolicy
 
 
 def s(name: str, **kw):

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from saga_tasks.config import Settings
-from saga_tasks.observability import JsonFormatter, TextFormatter, configure_logging
+from saga_tasks.observability.logs import JsonFormatter, TextFormatter, configure_logging
 
 FIELDS = {
     "saga_id": "5a9d3c1e-0000-4000-8000-000000000001",
@@ -48,7 +48,7 @@ def test_json_lines_are_one_object_with_the_fields():
 def test_the_setting_picks_the_format(monkeypatch, fmt, parse):
     logger = logging.getLogger("saga_tasks")
     saved = (logger.handlers[:], logger.level, logger.propagate)
-    monkeypatch.setattr("saga_tasks.observability._configured", set())
+    monkeypatch.setattr("saga_tasks.observability.logs._configured", set())
     logger.handlers = []
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)

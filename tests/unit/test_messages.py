@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from saga_tasks.errors import InvalidMessage
-from saga_tasks.messages import (
+from saga_tasks.core.messages import (
     command_headers,
     parse_command,
     parse_reply,
     reply_message,
 )
-from saga_tasks.states import MessageKind, Outcome
+from saga_tasks.core.states import MessageKind, Outcome
+from saga_tasks.errors import InvalidMessage
 
 SAGA = str(uuid.uuid4())
 CMD = str(uuid.uuid4())

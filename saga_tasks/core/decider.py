@@ -46,9 +46,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from saga_tasks.definitions import DeadLetterPolicy, LateReplyPolicy, SagaDefinition, Step
-from saga_tasks.errors import ActionRefused
-from saga_tasks.events import (
+from saga_tasks.core.definitions import DeadLetterPolicy, LateReplyPolicy, SagaDefinition, Step
+from saga_tasks.core.events import (
     DeadLettered,
     DeadlinePassed,
     Event,
@@ -57,8 +56,8 @@ from saga_tasks.events import (
     ReplyReceived,
     Started,
 )
-from saga_tasks.messages import MAX_GENERATIONS
-from saga_tasks.model import (
+from saga_tasks.core.messages import MAX_GENERATIONS
+from saga_tasks.core.model import (
     FENCING,
     LATE_FAILURE,
     LATE_SUCCESS,
@@ -67,7 +66,7 @@ from saga_tasks.model import (
     command_id,
     message_id,
 )
-from saga_tasks.states import (
+from saga_tasks.core.states import (
     ACTIVE_SAGA,
     FORWARD_SUCCEEDED,
     TERMINAL_SAGA,
@@ -77,6 +76,7 @@ from saga_tasks.states import (
     SagaStatus,
     StepStatus,
 )
+from saga_tasks.errors import ActionRefused
 
 __all__ = ["CommandIntent", "Decision", "HistoryEntry", "decide", "hand_over", "replay_awaits"]
 

@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore, Reject
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from saga_tasks import metrics
+from saga_tasks.core.messages import H_SAGA_ID, OutboundMessage
 from saga_tasks.errors import InvalidMessage, PublishFailed, SagaTasksError, ServiceUnavailable
-from saga_tasks.holding import DEAD_LETTER, H_OUTAGE, PARKING, POISON, clean_headers, hold
-from saga_tasks.messages import H_SAGA_ID, OutboundMessage
 from saga_tasks.messaging.topology import retry_queue
+from saga_tasks.observability import metrics
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import redelivery
+from saga_tasks.runtime.holding import DEAD_LETTER, H_OUTAGE, PARKING, POISON, clean_headers, hold
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp

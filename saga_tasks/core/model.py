@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from saga_tasks.definitions import SagaDefinition
-from saga_tasks.states import ACTIVE_SAGA, IN_FLIGHT, MessageKind, SagaStatus, StepStatus
+from saga_tasks.core.definitions import SagaDefinition
+from saga_tasks.core.states import ACTIVE_SAGA, IN_FLIGHT, MessageKind, SagaStatus, StepStatus
 
 # Every id the decider makes is derived from the saga id, so deciding twice on the
 # same input (a redelivered message after a crash) makes the same ids again.

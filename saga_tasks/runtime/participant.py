@@ -31,11 +31,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, MetaData, Table
 
-from saga_tasks import faults, invalid, metrics, tracing
-from saga_tasks.clock import Clock
-from saga_tasks.delivery import Outlet
-from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
-from saga_tasks.messages import (
+from saga_tasks.core.clock import Clock
+from saga_tasks.core.messages import (
     H_CAUSATION_ID,
     H_SAGA_TYPE,
     Command,
@@ -43,14 +40,18 @@ from saga_tasks.messages import (
     parse_command,
     reply_message,
 )
+from saga_tasks.core.states import MessageKind, Outcome
+from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE, command_queue
+from saga_tasks.observability import metrics, tracing
 from saga_tasks.persistence import ledger as ledger_sql
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ledger_table, outbox_table
-from saga_tasks.states import MessageKind, Outcome
+from saga_tasks.runtime import faults, invalid
+from saga_tasks.runtime.outlet import Outlet
 
-log = logging.getLogger("saga_tasks.participant")
+log = logging.getLogger("saga_tasks.runtime.participant")
 
 _REPLY_NAMESPACE = uuid.UUID("3f1e8f3c-55a7-4c4b-8f0e-2b8f7f8d9a10")
 TOMBSTONED = "compensated_before_execution"

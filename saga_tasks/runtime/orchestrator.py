@@ -21,11 +21,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 
-from saga_tasks import faults, metrics, tracing
-from saga_tasks.clock import Clock
-from saga_tasks.decider import CommandIntent, Decision, decide, hand_over
-from saga_tasks.definitions import SagaDefinition
-from saga_tasks.delivery import Outlet
+from saga_tasks.core.clock import Clock
+from saga_tasks.core.decider import CommandIntent, Decision, decide, hand_over
+from saga_tasks.core.definitions import SagaDefinition
+from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, Started
+from saga_tasks.core.messages import OutboundMessage, command_headers, parse_reply
+from saga_tasks.core.model import SagaState
+from saga_tasks.core.states import TERMINAL_SAGA, Classification, SagaStatus
 from saga_tasks.errors import (
     BusinessKeyConflict,
     InputError,
@@ -36,14 +38,13 @@ from saga_tasks.errors import (
     UnknownSagaType,
     VersionMismatch,
 )
-from saga_tasks.events import DeadLettered, DeadlinePassed, OperatorAction, Started
-from saga_tasks.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
-from saga_tasks.model import SagaState
+from saga_tasks.observability import metrics, tracing
 from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
-from saga_tasks.states import TERMINAL_SAGA, Classification, SagaStatus
+from saga_tasks.runtime import faults
+from saga_tasks.runtime.outlet import Outlet
 
 log = logging.getLogger("saga_tasks.orchestrator")
 
@@ -333,7 +334,7 @@ class Orchestrator:
         A message that makes no sense is recorded and returns INVALID, or with
         ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
         """
-        from saga_tasks import invalid
+        from saga_tasks.runtime import invalid
 
         try:
             saga_id, reply = parse_reply(message_id, headers, body)

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
 
-log = logging.getLogger("saga_tasks.metrics")
+log = logging.getLogger("saga_tasks.observability.metrics")
 
 SAGAS_STARTED = Counter("saga_started_total", "Sagas started", ["saga_type"])
 SAGAS_FINISHED = Counter(

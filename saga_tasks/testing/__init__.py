@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from saga_tasks.clock import FakeClock
+from saga_tasks.core.clock import FakeClock
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.ops.isolation import (
     Isolation,
     RabbitAdmin,
@@ -21,7 +22,6 @@ from saga_tasks.ops.isolation import (
     queue_depths,
 )
 from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
-from saga_tasks.states import SagaStatus
 
 T = TypeVar("T")
 

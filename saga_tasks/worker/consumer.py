@@ -29,16 +29,17 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from saga_tasks import invalid, metrics
 from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.observability import metrics
 from saga_tasks.persistence import storable
+from saga_tasks.runtime import invalid
 
 log = logging.getLogger("saga_tasks.consumer")
 
 
 class ImmediateAckConsumer(Consumer):
     """Celery's consumer with acks written at once; usable by any Celery app
-    (``worker_consumer="saga_tasks.tasks.consumer:ImmediateAckConsumer"``)."""
+    (``worker_consumer="saga_tasks.worker.consumer:ImmediateAckConsumer"``)."""
 
     def call_soon_ack(self, p: Any, *args: Any, **kwargs: Any) -> Any:
         """Ack (or reject) now when on the event loop's thread; see the module docstring."""
@@ -96,7 +97,7 @@ class SagaConsumer(ImmediateAckConsumer):
         try:
             if saga_app is None:
                 raise ServiceUnavailable("saga app", "-", "worker has no saga app attached")
-            from saga_tasks.holding import park_raw
+            from saga_tasks.runtime.holding import park_raw
 
             body = getattr(message, "body", b"")
             properties = getattr(message, "properties", None) or {}

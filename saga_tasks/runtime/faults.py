@@ -30,7 +30,7 @@ from typing import Any
 from saga_tasks.errors import InvalidPayload
 
 FIELD = "demo_faults"
-log = logging.getLogger("saga_tasks.faults")
+log = logging.getLogger("saga_tasks.runtime.faults")
 
 
 class FaultKind(StrEnum):

@@ -17,13 +17,13 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from saga_tasks import metrics
+from saga_tasks.core.messages import SAGA_HEADERS
 from saga_tasks.errors import InputError, ServiceUnavailable
-from saga_tasks.messages import SAGA_HEADERS
+from saga_tasks.observability import metrics
 from saga_tasks.persistence import inbox, storable
 from saga_tasks.persistence.db import translated
 
-log = logging.getLogger("saga_tasks.invalid")
+log = logging.getLogger("saga_tasks.runtime.invalid")
 
 _KEPT_HEADERS = SAGA_HEADERS | {"task", "id", "x-first-death-reason", "x-first-death-queue"}
 

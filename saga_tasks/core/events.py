@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from saga_tasks.states import MessageKind, Outcome
+from saga_tasks.core.states import MessageKind, Outcome
 
 
 @dataclass(frozen=True)

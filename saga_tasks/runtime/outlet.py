@@ -18,14 +18,14 @@ from typing import Protocol
 
 from sqlalchemy import Engine, Table
 
-from saga_tasks import metrics
+from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.errors import ServiceUnavailable
-from saga_tasks.messages import OutboundMessage
 from saga_tasks.messaging.publisher import Publisher, PublishResult
+from saga_tasks.observability import metrics
 from saga_tasks.persistence import outbox
 from saga_tasks.persistence.db import translated
 
-log = logging.getLogger("saga_tasks.delivery")
+log = logging.getLogger("saga_tasks.runtime.outlet")
 
 
 def deliver(

@@ -29,7 +29,7 @@ from saga_tasks.persistence.tables import alert_sent, saga_instance
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
 
-log = logging.getLogger("saga_tasks.alerts")
+log = logging.getLogger("saga_tasks.observability.alerts")
 
 STUCK = "stuck"
 MANUAL_REVIEW = "manual_review"

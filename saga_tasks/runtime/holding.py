@@ -31,11 +31,9 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from saga_tasks import metrics
-from saga_tasks.decider import replay_awaits
-from saga_tasks.errors import ActionRefused, ConcurrencyConflict, InputError, ServiceUnavailable
-from saga_tasks.events import DeadLettered
-from saga_tasks.messages import (
+from saga_tasks.core.decider import replay_awaits
+from saga_tasks.core.events import DeadLettered
+from saga_tasks.core.messages import (
     H_COMMAND_ID,
     H_KIND,
     H_REPLY_TO_KIND,
@@ -43,6 +41,8 @@ from saga_tasks.messages import (
     H_STEP,
     OutboundMessage,
 )
+from saga_tasks.core.states import TERMINAL_SAGA, MessageKind
+from saga_tasks.errors import ActionRefused, ConcurrencyConflict, InputError, ServiceUnavailable
 from saga_tasks.messaging.taker import RawMessage
 from saga_tasks.messaging.topology import (
     DEAD_LETTER_QUEUE,
@@ -50,15 +50,15 @@ from saga_tasks.messaging.topology import (
     PARKING_QUEUE,
     QUORUM_DELIVERY_LIMIT,
 )
+from saga_tasks.observability import metrics
 from saga_tasks.persistence import sagas, storable
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, held_message, inbox, saga_outbox
-from saga_tasks.states import TERMINAL_SAGA, MessageKind
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
 
-log = logging.getLogger("saga_tasks.holding")
+log = logging.getLogger("saga_tasks.runtime.holding")
 
 DEAD_LETTER = "dead_letter"
 PARKING = "parking"
@@ -329,7 +329,7 @@ def _store(
                 now=app.clock.now(),
             )
     if messages:
-        from saga_tasks.delivery import deliver
+        from saga_tasks.runtime.outlet import deliver
 
         deliver(app.engine, saga_outbox, app.publisher, messages)
     return True, fed
@@ -667,7 +667,7 @@ def replay(
         if refused is None:
             said = reason if not force else f"{reason}; forced: {force_reason}"
             if row["saga_id"] is not None and sagas.load(conn, str(row["saga_id"])) is not None:
-                from saga_tasks.events import OperatorAction, OperatorVerb
+                from saga_tasks.core.events import OperatorAction, OperatorVerb
 
                 action = OperatorAction(
                     OperatorVerb.REPLAY,
@@ -693,7 +693,7 @@ def replay(
             )
         raise ActionRefused(f"replay refused: {refused}")
     if messages:
-        from saga_tasks.delivery import deliver
+        from saga_tasks.runtime.outlet import deliver
 
         deliver(app.engine, saga_outbox, app.publisher, messages)
     log.warning(

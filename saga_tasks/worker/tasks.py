@@ -15,21 +15,21 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, bootsteps
 from celery.signals import after_setup_logger, after_setup_task_logger
 
+from saga_tasks.core.messages import REPLY_TASK, OutboundMessage
 from saga_tasks.errors import ServiceUnavailable
-from saga_tasks.messages import REPLY_TASK, OutboundMessage
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, REPLY_QUEUE
-from saga_tasks.tasks.failures import failure_policy
+from saga_tasks.worker.failures import failure_policy
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
-    from saga_tasks.participant import Handler, ParticipantRuntime
+    from saga_tasks.runtime.participant import Handler, ParticipantRuntime
 
 RELAY_TASK = "saga_tasks.relay_outbox"
 SWEEP_TASK = "saga_tasks.sweep_timeouts"
 INTAKE_TASK = "saga_tasks.intake_held"
 ALERT_TASK = "saga_tasks.alert_scan"
 SAMPLE_TASK = "saga_tasks.sample_status"
-log = logging.getLogger("saga_tasks.tasks")
+log = logging.getLogger("saga_tasks.worker.tasks")
 
 WORKER_LOST_RETRIES = 3
 """A lost prefork child's message is sent again at once (``default_retry_delay=0``: no
@@ -63,7 +63,7 @@ def build_celery(saga_app: SagaApp) -> Celery:
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         worker_cancel_long_running_tasks_on_connection_loss=True,
-        worker_consumer="saga_tasks.tasks.consumer:SagaConsumer",
+        worker_consumer="saga_tasks.worker.consumer:SagaConsumer",
         worker_hijack_root_logger=False,
         beat_schedule={
             "saga-outbox-recovery": {
@@ -147,7 +147,7 @@ def _serve_metrics_when_ready(celery: Celery, port: int) -> None:
 
     def serve(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is celery:
-            from saga_tasks.metrics import serve_worker_metrics
+            from saga_tasks.observability.metrics import serve_worker_metrics
 
             serve_worker_metrics(port)
 
@@ -195,14 +195,14 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
     @celery.task(name=INTAKE_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def intake_held(self: Any) -> dict[str, int]:
         """Move dead-lettered and parked messages into the database; tell their sagas."""
-        from saga_tasks.holding import DEAD_LETTER, PARKING, intake
+        from saga_tasks.runtime.holding import DEAD_LETTER, PARKING, intake
 
         return {h: intake(saga_app, h).taken for h in (DEAD_LETTER, PARKING)}
 
     @celery.task(name=ALERT_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def alert_scan(self: Any) -> int:
         """Alert, once per saga and channel, on sagas stuck or waiting in manual review."""
-        from saga_tasks.alerts import scan
+        from saga_tasks.observability.alerts import scan
 
         return scan(saga_app)
 
@@ -214,7 +214,7 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
     @celery.task(name=RELAY_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def relay_outbox(self: Any) -> dict[str, int]:
         """Publish outbox rows whose publish-after-commit did not happen (crash, outage)."""
-        from saga_tasks.delivery import relay
+        from saga_tasks.runtime.outlet import relay
 
         published: dict[str, int] = {}
         hook = _relay_fault_hook(saga_app) if saga_app.settings.demo_faults else None
@@ -233,8 +233,8 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
 
 def _relay_fault_hook(saga_app: SagaApp) -> Callable[[Sequence[OutboundMessage]], None]:
     """The ``saga_tasks.relay`` demo fault: die after publishing, before marking, once a saga."""
-    from saga_tasks import faults
     from saga_tasks.persistence import sagas
+    from saga_tasks.runtime import faults
 
     def after_publish(published: Sequence[OutboundMessage]) -> None:
         saga_ids = sorted({m.saga_id for m in published if m.saga_id})
@@ -349,7 +349,7 @@ class DeclareTopology(bootsteps.StartStopStep):
 
 
 def _connect_logging(saga_app: SagaApp) -> None:
-    from saga_tasks.observability import configure_logging
+    from saga_tasks.observability.logs import configure_logging
 
     def setup(logger: Any = None, **_: Any) -> None:
         configure_logging(saga_app.settings)

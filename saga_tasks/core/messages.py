@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from saga_tasks.core.events import ReplyReceived
+from saga_tasks.core.states import MessageKind, Outcome
 from saga_tasks.errors import InvalidMessage
-from saga_tasks.events import ReplyReceived
-from saga_tasks.states import MessageKind, Outcome
 
 H_SAGA_ID = "saga_id"
 H_SAGA_TYPE = "saga_type"
