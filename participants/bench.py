@@ -592,7 +592,7 @@ def sweep_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]
             ]
             conn.rollback()
         started = time.perf_counter()
-        result = saga_app.orchestrator.sweep(batch=500, max_batches=1000)
+        result = saga_app.sweeper.sweep(batch=500, max_batches=1000)
         seconds = time.perf_counter() - started
         empty = empty_pass_ms()
         report["passes"][str(due)] = {

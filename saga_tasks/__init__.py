@@ -33,8 +33,8 @@ from saga_tasks.errors import (
     UnknownDependency,
     UnknownSagaType,
 )
+from saga_tasks.participant import CommandContext, Participant
 from saga_tasks.runtime.orchestrator import SagaHandle
-from saga_tasks.runtime.participant import CommandContext, Participant
 
 __all__ = [
     # defining sagas

@@ -23,14 +23,17 @@ from sqlalchemy.orm import Session
 from saga_tasks.config import Settings
 from saga_tasks.core.clock import Clock, SystemClock
 from saga_tasks.core.definitions import SagaDefinition
+from saga_tasks.core.registry import Registry
 from saga_tasks.errors import ConfigurationError, CrossParticipantCompensation
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import Topology
+from saga_tasks.participant import Participant
 from saga_tasks.persistence.db import get_engine
 from saga_tasks.persistence.tables import saga_outbox
-from saga_tasks.runtime.orchestrator import Orchestrator, Registry, SagaHandle
+from saga_tasks.runtime.orchestrator import Orchestrator, SagaHandle
 from saga_tasks.runtime.outlet import Outlet, SyncOutlet
-from saga_tasks.runtime.participant import Participant, ParticipantRuntime
+from saga_tasks.runtime.participant import ParticipantRuntime
+from saga_tasks.runtime.sweeper import Sweeper
 
 _default: list[SagaApp] = []
 """The first SagaApp built in this process, which ``start_saga`` uses."""
@@ -76,6 +79,13 @@ class SagaApp:
             outlet=lambda: self.outlet,
             clock=self.clock,
             demo_faults=self.settings.demo_faults,
+        )
+        self.sweeper = Sweeper(
+            engine=lambda: self.engine,
+            registry=self.registry,
+            topology=self.topology,
+            outlet=lambda: self.outlet,
+            clock=self.clock,
         )
         self.runtimes = {
             p.name: ParticipantRuntime(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,11 +22,12 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 
 from saga_tasks.core.clock import Clock
-from saga_tasks.core.decider import CommandIntent, Decision, decide, hand_over
+from saga_tasks.core.decider import CommandIntent, Decision, decide
 from saga_tasks.core.definitions import SagaDefinition
-from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, Started
+from saga_tasks.core.events import DeadLettered, Event, OperatorAction, Started
 from saga_tasks.core.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.core.model import SagaState
+from saga_tasks.core.registry import Registry
 from saga_tasks.core.states import TERMINAL_SAGA, Classification, SagaStatus
 from saga_tasks.errors import (
     BusinessKeyConflict,
@@ -34,8 +35,6 @@ from saga_tasks.errors import (
     InvalidMessage,
     SagaNotFound,
     ServiceUnavailable,
-    UnknownDefinitionVersion,
-    UnknownSagaType,
     VersionMismatch,
 )
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
@@ -52,16 +51,6 @@ MAX_BUSINESS_KEY = 200
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
-@dataclass
-class SweepReport:
-    """What one sweep did, for logs and tests."""
-
-    claimed: int = 0
-    changed: int = 0
-    commands: int = 0
-    errors: int = 0
-
-
 @dataclass(frozen=True)
 class SagaHandle:
     """What ``start_saga`` returns: enough to find the saga again."""
@@ -72,39 +61,6 @@ class SagaHandle:
     status: SagaStatus
     created: bool
     """False when the business key named an existing saga, which is returned instead."""
-
-
-class Registry:
-    """Saga definitions by type and version; new sagas use the latest version."""
-
-    def __init__(self, definitions: Sequence[SagaDefinition]) -> None:
-        self._by_version: dict[tuple[str, int], SagaDefinition] = {}
-        self._latest: dict[str, SagaDefinition] = {}
-        for d in definitions:
-            key = (d.saga_type, d.version)
-            if key in self._by_version:
-                raise ValueError(f"saga {d.saga_type!r} version {d.version} is registered twice")
-            self._by_version[key] = d
-            if d.saga_type not in self._latest or self._latest[d.saga_type].version < d.version:
-                self._latest[d.saga_type] = d
-
-    def latest(self, saga_type: str) -> SagaDefinition:
-        try:
-            return self._latest[saga_type]
-        except KeyError:
-            known = ", ".join(sorted(self._latest)) or "none"
-            raise UnknownSagaType(f"unknown saga type {saga_type!r}; known: {known}") from None
-
-    def get(self, saga_type: str, version: int) -> SagaDefinition:
-        try:
-            return self._by_version[(saga_type, version)]
-        except KeyError:
-            raise UnknownDefinitionVersion(
-                f"saga type {saga_type!r} version {version} is not loaded in this process"
-            ) from None
-
-    def __iter__(self) -> Any:
-        return iter(self._by_version.values())
 
 
 class Orchestrator:
@@ -247,7 +203,9 @@ class Orchestrator:
     ) -> tuple[SagaHandle, list[OutboundMessage]]:
         state = decision.state
         now = state.created_at
-        messages = [self._command_message(state, c, causation_id=None) for c in decision.commands]
+        messages = [
+            command_message(self.topology, state, c, causation_id=None) for c in decision.commands
+        ]
         inserted = sagas.insert_new(
             conn,
             state,
@@ -280,7 +238,7 @@ class Orchestrator:
         metrics.SAGAS_STARTED.labels(saga_type=state.saga_type).inc()
         log.info(
             "saga started",
-            extra=_log_fields(state, None, status_before=None, status_after=state.status),
+            extra=log_fields(state, None, status_before=None, status_after=state.status),
         )
         return (
             SagaHandle(
@@ -370,7 +328,7 @@ class Orchestrator:
                 metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
                 fields: dict[str, Any] = {"saga_id": saga_id, "message_id": message_id}
                 if state is not None:
-                    fields = _log_fields(
+                    fields = log_fields(
                         state, message_id, status_before=state.status, status_after=state.status
                     )
                 log.info("duplicate message ignored", extra={**fields, "step": reply.step})
@@ -378,11 +336,7 @@ class Orchestrator:
             if state is None:
                 reason = f"reply for unknown saga {saga_id}"
             else:
-                definition = self.registry.get(state.saga_type, state.definition_version)
-                decision = decide(definition, state, reply, now)
-                messages = self._write_decision(
-                    conn, definition, state, decision, now=now, causation_id=message_id
-                )
+                decision, messages = self._apply(conn, state, reply, now, causation_id=message_id)
                 reason = next((h.reason or "" for h in decision.history), "")
         if state is None or decision.classification is Classification.INVALID:
             invalid.record(
@@ -399,7 +353,7 @@ class Orchestrator:
             if raise_invalid:
                 raise InvalidMessage(reason)
             return Classification.INVALID
-        self._after_decision(state, decision, message_id)
+        observe(state, decision, message_id)
         fault = None
         if not redelivered and decision.classification is Classification.ACCEPTED:
             key = faults.reply_key(reply.step)
@@ -413,6 +367,26 @@ class Orchestrator:
             outlet.flush(5.0)  # the crash point is after the broker has the messages
             faults.crash("orchestrator after publishing, before the ack", **fields)
         return decision.classification
+
+    def _apply(
+        self,
+        conn: Connection,
+        state: SagaState,
+        event: Event,
+        now: datetime,
+        *,
+        causation_id: str | None = None,
+        actor: str = sagas.SYSTEM_ACTOR,
+    ) -> tuple[Decision, list[OutboundMessage]]:
+        """The one path of every event but the start and the sweep: decide on the locked
+        saga and write the decision in ``conn``'s transaction; the caller commits, then
+        observes and sends."""
+        definition = self.registry.get(state.saga_type, state.definition_version)
+        decision = decide(definition, state, event, now)
+        messages = self._write_decision(
+            conn, definition, state, decision, now=now, causation_id=causation_id, actor=actor
+        )
+        return decision, messages
 
     def _write_decision(
         self,
@@ -432,7 +406,7 @@ class Orchestrator:
             changes.save(state, decision.state, [s.name for s in definition.steps])
         changes.log(state.saga_id, decision.history, now, causation_id=causation_id, actor=actor)
         changes.messages = [
-            self._command_message(decision.state, c, causation_id=causation_id)
+            command_message(self.topology, decision.state, c, causation_id=causation_id)
             for c in decision.commands
         ]
         sagas.write_changes(conn, changes, now)
@@ -471,18 +445,14 @@ class Orchestrator:
                 "look at it again before acting",
                 current=state.version,
             )
-        definition = self.registry.get(state.saga_type, state.definition_version)
-        decision = decide(definition, state, action, now)
-        messages = self._write_decision(
-            conn, definition, state, decision, now=now, causation_id=None, actor=action.actor
-        )
-        self._after_decision(state, decision, None)
+        decision, messages = self._apply(conn, state, action, now, actor=action.actor)
+        observe(state, decision, None)
         log.warning(
             "operator %s by %s: %s",
             action.verb.value,
             action.actor,
             action.reason,
-            extra=_log_fields(
+            extra=log_fields(
                 decision.state, None, status_before=state.status, status_after=decision.state.status
             ),
         )
@@ -495,189 +465,11 @@ class Orchestrator:
         state = sagas.lock(conn, saga_id)
         if state is None:
             return []
-        now = self.clock.now()
-        definition = self.registry.get(state.saga_type, state.definition_version)
-        decision = decide(definition, state, event, now)
-        messages = self._write_decision(
-            conn, definition, state, decision, now=now, causation_id=event.message_id
+        decision, messages = self._apply(
+            conn, state, event, self.clock.now(), causation_id=event.message_id
         )
-        self._after_decision(state, decision, None)
+        observe(state, decision, None)
         return messages
-
-    # -- time -----------------------------------------------------------------------------
-
-    def sweep(self, *, batch: int = 500, max_batches: int = 20) -> SweepReport:
-        """Apply ``DeadlinePassed`` to every saga whose next deadline has passed.
-
-        Each batch is one transaction of a fixed number of statements: claim due sagas
-        (SKIP LOCKED), decide each in memory, write every changed saga, step, history
-        line and command at once, commit, publish. Every claimed saga leaves the batch
-        with a later wake-up time or none: a saga claimed with nothing due (its stored
-        wake-up time disagrees with its state) gets the time repaired, and one that
-        cannot be decided (its definition is not loaded, the decider raised, or a
-        deadline passed that the decider does not act on) goes to MANUAL_REVIEW with
-        the reason. Nothing claimed can come first in every batch and starve the rest.
-        """
-        report = SweepReport()
-        for _ in range(max_batches):
-            now = self.clock.now()
-            with translated(self.engine.url), self.engine.begin() as conn:
-                due = sagas.claim_due(conn, now, batch)
-                done = self._decide_due(due, now, report)
-                messages = self._write_swept(conn, done, now)
-            report.claimed += len(due)
-            report.changed += sum(1 for _, _, d in done if d.changed)
-            report.commands += len(messages)
-            for state, _, decision in done:
-                if decision.changed:
-                    self._after_decision(state, decision, None)
-            self._outlet().send(saga_outbox, messages)
-            if len(due) < batch:
-                break
-        return report
-
-    def _decide_due(
-        self, due: Sequence[SagaState], now: datetime, report: SweepReport
-    ) -> list[tuple[SagaState, SagaDefinition | None, Decision]]:
-        done = []
-        for state in due:
-            definition: SagaDefinition | None = None
-            try:
-                definition = self.registry.get(state.saga_type, state.definition_version)
-                decision = decide(definition, state, DeadlinePassed(), now)
-            except UnknownDefinitionVersion as exc:
-                decision = self._cannot_decide(state, str(exc), report)
-            except Exception as exc:  # a bug must not stall every other saga's timeouts
-                log.exception("the decider failed", extra={"saga_id": state.saga_id})
-                decision = self._cannot_decide(
-                    state, f"the decider failed at a deadline ({type(exc).__name__})", report
-                )
-            else:
-                wake = decision.state.next_wake_at()
-                if wake is not None and wake <= now:
-                    decision = self._cannot_decide(
-                        state,
-                        f"a deadline passed ({wake.isoformat()}) and nothing was due for it",
-                        report,
-                    )
-            done.append((state, definition, decision))
-        return done
-
-    def _cannot_decide(self, state: SagaState, reason: str, report: SweepReport) -> Decision:
-        report.errors += 1
-        metrics.SWEEP_HANDED_OVER.inc()
-        log.error(
-            "saga handed to a person: %s",
-            reason,
-            extra=_log_fields(
-                state, None, status_before=state.status, status_after=SagaStatus.MANUAL_REVIEW
-            ),
-        )
-        return hand_over(state, reason)
-
-    def _write_swept(
-        self,
-        conn: Connection,
-        done: Sequence[tuple[SagaState, SagaDefinition | None, Decision]],
-        now: datetime,
-    ) -> list[OutboundMessage]:
-        changes = sagas.Changes()
-        for state, definition, decision in done:
-            order = [s.name for s in definition.steps] if definition else list(state.steps)
-            if decision.changed:
-                changes.save(state, decision.state, order)
-            else:
-                changes.save(state, state, order, touch=False)  # repairs next_wake_at only
-            changes.log(state.saga_id, decision.history, now)
-            changes.messages += [
-                self._command_message(decision.state, c, causation_id=None)
-                for c in decision.commands
-            ]
-        sagas.write_changes(conn, changes, now)
-        return changes.messages
-
-    def _after_decision(
-        self, before: SagaState, decision: Decision, message_id: str | None
-    ) -> None:
-        after = decision.state
-
-        def step_latency(step: str) -> float | None:
-            st = after.steps.get(step)
-            if st is None or st.requested_at is None or st.finished_at is None:
-                return None
-            return (st.finished_at - st.requested_at).total_seconds()
-
-        metrics.observe_history(after.saga_type, decision.history, step_latency)
-        if message_id is not None:
-            metrics.MESSAGES.labels(
-                consumer=ORCHESTRATOR, classification=decision.classification.value
-            ).inc()
-        if (
-            decision.changed
-            and after.status != before.status
-            and (after.status in TERMINAL_SAGA or after.status is SagaStatus.MANUAL_REVIEW)
-        ):
-            metrics.SAGAS_FINISHED.labels(
-                saga_type=after.saga_type, status=after.status.value
-            ).inc()
-        level = (
-            logging.INFO if decision.classification is Classification.ACCEPTED else logging.WARNING
-        )
-        if (
-            decision.changed
-            and after.status is SagaStatus.MANUAL_REVIEW
-            and before.status is not SagaStatus.MANUAL_REVIEW
-        ):
-            log.error(
-                "ALERT saga needs manual review: %s",
-                after.reason,
-                extra=_log_fields(
-                    after, message_id, status_before=before.status, status_after=after.status
-                ),
-            )
-        if not log.isEnabledFor(level):
-            return
-        for entry in decision.history:
-            log.log(
-                level,
-                entry.event,
-                extra={
-                    **_log_fields(
-                        after, message_id, status_before=before.status, status_after=after.status
-                    ),
-                    "step": entry.step,
-                    "step_status_before": entry.step_status_before,
-                    "step_status_after": entry.step_status_after,
-                    "reason": entry.reason,
-                },
-            )
-
-    def _command_message(
-        self, state: SagaState, intent: CommandIntent, causation_id: str | None
-    ) -> OutboundMessage:
-        return OutboundMessage(
-            message_id=intent.message_id,
-            task_name=intent.task_name,
-            queue=intent.queue,
-            headers=command_headers(
-                saga_id=state.saga_id,
-                saga_type=state.saga_type,
-                step=intent.step,
-                kind=intent.kind,
-                command_id=intent.command_id,
-                attempt=intent.attempt,
-                correlation_id=state.correlation_id or state.saga_id,
-                causation_id=causation_id,
-                compensates=intent.compensates,
-                traceparent=state.traceparent,
-                supersedes=intent.supersedes,
-            ),
-            body=intent.body,
-            saga_id=state.saga_id,
-            routing_key=self.topology.routing_key(intent.queue, intent.task_name),
-        )
-
-    # -- reading --------------------------------------------------------------------------
 
     def get(self, saga_id: str) -> SagaState:
         try:
@@ -691,7 +483,89 @@ class Orchestrator:
         return state
 
 
-def _log_fields(
+def observe(before: SagaState, decision: Decision, message_id: str | None) -> None:
+    """Metrics and log lines of one decision, after its transaction committed."""
+    after = decision.state
+
+    def step_latency(step: str) -> float | None:
+        st = after.steps.get(step)
+        if st is None or st.requested_at is None or st.finished_at is None:
+            return None
+        return (st.finished_at - st.requested_at).total_seconds()
+
+    metrics.observe_history(after.saga_type, decision.history, step_latency)
+    if message_id is not None:
+        metrics.MESSAGES.labels(
+            consumer=ORCHESTRATOR, classification=decision.classification.value
+        ).inc()
+    if (
+        decision.changed
+        and after.status != before.status
+        and (after.status in TERMINAL_SAGA or after.status is SagaStatus.MANUAL_REVIEW)
+    ):
+        metrics.SAGAS_FINISHED.labels(saga_type=after.saga_type, status=after.status.value).inc()
+    level = logging.INFO if decision.classification is Classification.ACCEPTED else logging.WARNING
+    if (
+        decision.changed
+        and after.status is SagaStatus.MANUAL_REVIEW
+        and before.status is not SagaStatus.MANUAL_REVIEW
+    ):
+        log.error(
+            "ALERT saga needs manual review: %s",
+            after.reason,
+            extra=log_fields(
+                after, message_id, status_before=before.status, status_after=after.status
+            ),
+        )
+    if not log.isEnabledFor(level):
+        return
+    for entry in decision.history:
+        log.log(
+            level,
+            entry.event,
+            extra={
+                **log_fields(
+                    after, message_id, status_before=before.status, status_after=after.status
+                ),
+                "step": entry.step,
+                "step_status_before": entry.step_status_before,
+                "step_status_after": entry.step_status_after,
+                "reason": entry.reason,
+            },
+        )
+
+
+def command_message(
+    topology: Topology, state: SagaState, intent: CommandIntent, causation_id: str | None
+) -> OutboundMessage:
+    """The outbox message of one command the decider asked for."""
+    return OutboundMessage(
+        message_id=intent.message_id,
+        task_name=intent.task_name,
+        queue=intent.queue,
+        headers=command_headers(
+            saga_id=state.saga_id,
+            saga_type=state.saga_type,
+            step=intent.step,
+            kind=intent.kind,
+            command_id=intent.command_id,
+            attempt=intent.attempt,
+            correlation_id=state.correlation_id or state.saga_id,
+            causation_id=causation_id,
+            compensates=intent.compensates,
+            traceparent=state.traceparent,
+            supersedes=intent.supersedes,
+        ),
+        body=intent.body,
+        saga_id=state.saga_id,
+        routing_key=topology.routing_key(intent.queue, intent.task_name),
+    )
+
+
+# -- reading --------------------------------------------------------------------------
+
+
+def log_fields(
     state: SagaState,
     message_id: str | None,
     *,

@@ -1,12 +1,4 @@
-"""Turning business functions into idempotent command handlers on a participant's queue.
-
-    inventory = Participant("inventory")          # queue inventory.commands, schema inventory
-
-    @inventory.command("reserve")
-    def reserve(ctx: CommandContext) -> dict: ...  # raise BusinessRejection to refuse
-
-    @inventory.compensation("release", undoes="reserve")
-    def release(ctx: CommandContext) -> dict: ...
+"""The participant runtime: one command in one transaction of the participant's database.
 
 For every command, in one transaction of the participant's own database:
 the command ledger is claimed by command id (a duplicate re-sends the stored reply
@@ -29,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, MetaData, Table
+from sqlalchemy import Connection, Engine
 
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.messages import (
@@ -43,11 +35,11 @@ from saga_tasks.core.messages import (
 from saga_tasks.core.states import MessageKind, Outcome
 from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
 from saga_tasks.messaging.publisher import Publisher
-from saga_tasks.messaging.topology import REPLY_QUEUE, command_queue
+from saga_tasks.messaging.topology import REPLY_QUEUE
 from saga_tasks.observability import metrics, tracing
+from saga_tasks.participant import CommandContext, Handler, Participant
 from saga_tasks.persistence import ledger as ledger_sql
 from saga_tasks.persistence.db import translated
-from saga_tasks.persistence.tables import ledger_table, outbox_table
 from saga_tasks.runtime import faults, invalid
 from saga_tasks.runtime.outlet import Outlet
 
@@ -58,90 +50,6 @@ TOMBSTONED = "compensated_before_execution"
 """Error code of the reply to a forward command that arrived after its compensation."""
 SUPERSEDED = "superseded"
 """Error code of the reply to a compensation that a newer generation fenced off."""
-
-
-@dataclass(frozen=True)
-class CommandContext:
-    """What a handler gets: the open transaction and the command."""
-
-    conn: Connection
-    command: Command
-    now: datetime
-
-    @property
-    def saga_id(self) -> str:
-        return self.command.saga_id
-
-    @property
-    def command_id(self) -> str:
-        return self.command.command_id
-
-    @property
-    def payload(self) -> Mapping[str, Any]:
-        return self.command.payload
-
-    def result_of(self, step: str) -> Mapping[str, Any]:
-        """What an earlier step returned; empty if it returned nothing."""
-        return self.command.results.get(step) or {}
-
-
-HandlerFunction = Callable[[CommandContext], Mapping[str, Any] | None]
-
-
-@dataclass(frozen=True)
-class Handler:
-    """A business function bound to a task name and a queue; callable as the function."""
-
-    participant: str
-    action: str
-    kind: MessageKind
-    fn: HandlerFunction
-    queue: str
-    undoes: str | None = None
-
-    @property
-    def task_name(self) -> str:
-        return f"{self.participant}.{self.action}"
-
-    def __call__(self, ctx: CommandContext) -> Mapping[str, Any] | None:
-        return self.fn(ctx)
-
-
-class Participant:
-    """A service that owns a queue, a database schema, a command ledger and an outbox."""
-
-    def __init__(self, name: str, *, schema: str | None = None, queue: str | None = None) -> None:
-        if not name.isidentifier():
-            raise ValueError(f"participant name {name!r} must be an identifier")
-        self.name = name
-        self.schema = schema or name
-        self.queue = queue or command_queue(name)
-        self.metadata = MetaData()
-        self.ledger: Table = ledger_table(self.schema, self.metadata)
-        self.outbox: Table = outbox_table(self.schema, self.metadata)
-        self.handlers: dict[str, Handler] = {}
-
-    def command(self, action: str) -> Callable[[HandlerFunction], Handler]:
-        return self._register(action, MessageKind.COMMAND, None)
-
-    def compensation(self, action: str, *, undoes: str) -> Callable[[HandlerFunction], Handler]:
-        return self._register(action, MessageKind.COMPENSATION, undoes)
-
-    def _register(
-        self, action: str, kind: MessageKind, undoes: str | None
-    ) -> Callable[[HandlerFunction], Handler]:
-        if action in self.handlers:
-            raise ValueError(f"{self.name}.{action} is defined twice")
-
-        def decorate(fn: HandlerFunction) -> Handler:
-            handler = Handler(self.name, action, kind, fn, self.queue, undoes)
-            self.handlers[action] = handler
-            return handler
-
-        return decorate
-
-    def __repr__(self) -> str:
-        return f"Participant({self.name!r}, queue={self.queue!r})"
 
 
 def _crash_before_commit(

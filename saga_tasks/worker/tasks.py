@@ -22,7 +22,8 @@ from saga_tasks.worker.failures import failure_policy
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
-    from saga_tasks.runtime.participant import Handler, ParticipantRuntime
+    from saga_tasks.participant import Handler
+    from saga_tasks.runtime.participant import ParticipantRuntime
 
 RELAY_TASK = "saga_tasks.relay_outbox"
 SWEEP_TASK = "saga_tasks.sweep_timeouts"
@@ -181,7 +182,7 @@ def _register_orchestrator_tasks(celery: Celery, saga_app: SagaApp) -> None:
     @celery.task(name=SWEEP_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=False)
     def sweep_timeouts(self: Any) -> dict[str, int]:
         """Feed ``DeadlinePassed`` to every saga whose next deadline has passed."""
-        report = saga_app.orchestrator.sweep(batch=saga_app.settings.sweep_batch)
+        report = saga_app.sweeper.sweep(batch=saga_app.settings.sweep_batch)
         if report.claimed:
             log.info(
                 "timeout sweep: %d due, %d changed, %d commands, %d errors",

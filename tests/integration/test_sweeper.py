@@ -36,14 +36,14 @@ def test_no_answer_resends_then_gives_up_and_the_late_command_meets_a_tombstone(
     (lost,) = drain(url, "inventory.commands")  # never answered
     for attempt in (2, 3):
         clock.advance(31)
-        report = app.orchestrator.sweep()
+        report = app.sweeper.sweep()
         assert (report.claimed, report.changed, report.commands) == (1, 1, 1)
         (again,) = drain(url, "inventory.commands")
         assert again["headers"]["saga_command_id"] == lost["headers"]["saga_command_id"]
         assert again["headers"]["id"] != lost["headers"]["id"]
         assert again["headers"]["saga_attempt"] == attempt
     clock.advance(31)
-    app.orchestrator.sweep()
+    app.sweeper.sweep()
     state = app.orchestrator.get(handle.saga_id)
     assert state.status is SagaStatus.COMPENSATING
     assert state.steps["reserve_stock"].given_up
@@ -69,7 +69,7 @@ def test_a_quiet_sweep_touches_nothing(clocked_app, clock, settings):
     handle = create_and_advance_to_reserve(clocked_app, settings.broker_url, "t-2")
     version = clocked_app.orchestrator.get(handle.saga_id).version
     clock.advance(5)
-    assert clocked_app.orchestrator.sweep().claimed == 0
+    assert clocked_app.sweeper.sweep().claimed == 0
     assert clocked_app.orchestrator.get(handle.saga_id).version == version
 
 
@@ -85,7 +85,7 @@ def test_two_sweepers_never_act_twice_on_one_saga(clocked_app, clock, settings):
 
     def sweep() -> None:
         barrier.wait()
-        reports.append(app.orchestrator.sweep(batch=7))
+        reports.append(app.sweeper.sweep(batch=7))
 
     threads = [threading.Thread(target=sweep) for _ in range(2)]
     for t in threads:
@@ -126,7 +126,7 @@ def test_a_timeout_racing_a_success_makes_one_transition(clocked_app, clock, set
 
     def sweep() -> None:
         while not done.is_set():
-            app.orchestrator.sweep(batch=3)
+            app.sweeper.sweep(batch=3)
 
     threads = [threading.Thread(target=deliver), threading.Thread(target=sweep)]
     for t in threads:
@@ -151,7 +151,7 @@ def test_the_saga_deadline_compensates_what_succeeded(clocked_app, clock, settin
     run_reply(app, drain(url, "saga.replies")[0])
     drain(url, "payments.commands")  # authorize never answers
     clock.advance(601)
-    app.orchestrator.sweep()
+    app.sweeper.sweep()
     state = app.orchestrator.get(handle.saga_id)
     assert state.status is SagaStatus.COMPENSATING
     assert state.reason == "the saga's deadline passed"
@@ -176,9 +176,9 @@ def test_a_wake_up_time_that_disagrees_with_the_saga_is_repaired_once(clocked_ap
         conn.exec_driver_sql(
             "UPDATE saga.saga_instance SET next_wake_at = now() - interval '1 hour'"
         )
-    report = app.orchestrator.sweep()
+    report = app.sweeper.sweep()
     assert (report.claimed, report.changed, report.commands) == (1, 0, 0)
-    assert app.orchestrator.sweep().claimed == 0, "repaired: not claimed again"
+    assert app.sweeper.sweep().claimed == 0, "repaired: not claimed again"
     wake = scalar(app.engine, "SELECT next_wake_at FROM saga.saga_instance")
     assert wake == app.orchestrator.get(handle.saga_id).steps["reserve_stock"].deadline
     after = app.orchestrator.get(handle.saga_id)
@@ -193,12 +193,12 @@ def test_many_due_sagas_are_swept_in_batches(clocked_app, clock, settings):
     handles = [app.start_saga("order", f"t-many-{i}", ORDER) for i in range(30)]
     drain(settings.broker_url, "orders.commands", limit=100)
     clock.advance(31)
-    report = app.orchestrator.sweep(batch=7)
+    report = app.sweeper.sweep(batch=7)
     assert (report.claimed, report.changed, report.commands) == (30, 30, 30)
     resent = drain(settings.broker_url, "orders.commands", limit=100)
     assert sorted(m["headers"]["saga_id"] for m in resent) == sorted(h.saga_id for h in handles)
     assert {m["headers"]["saga_attempt"] for m in resent} == {2}
-    assert app.orchestrator.sweep().claimed == 0
+    assert app.sweeper.sweep().claimed == 0
 
 
 def test_sagas_that_cannot_be_decided_never_starve_the_others(clocked_app, clock, settings):
@@ -227,7 +227,7 @@ def test_sagas_that_cannot_be_decided_never_starve_the_others(clocked_app, clock
     drain(url, "orders.commands", limit=10)
     clock.advance(31)  # the waiting saga's create_order is due
     for _ in range(2):  # two passes, each of one batch of three
-        app.orchestrator.sweep(batch=3, max_batches=1)
+        app.sweeper.sweep(batch=3, max_batches=1)
     (resent,) = drain(url, "orders.commands", limit=10)
     assert resent["headers"]["saga_id"] == waiting.saga_id
     assert app.orchestrator.get(waiting.saga_id).steps["create_order"].attempt == 2
@@ -238,4 +238,4 @@ def test_sagas_that_cannot_be_decided_never_starve_the_others(clocked_app, clock
         state = app.orchestrator.get(h.saga_id)
         assert state.status is SagaStatus.COMPENSATING
         assert state.next_wake_at() > clock.now(), "due for nothing: not claimed again"
-    assert app.orchestrator.sweep().claimed == 0
+    assert app.sweeper.sweep().claimed == 0

@@ -286,7 +286,7 @@ def test_every_classification_timeout_and_backlog_shows_in_metrics(clocked_app, 
         (lost,) = drain(url, "orders.commands")
         for _ in range(3):
             clock.advance(31)
-            app.orchestrator.sweep()
+            app.sweeper.sweep()
         run_command(app, lost)
         late_replies = [m for m in drain(url, "saga.replies") if m["headers"]["id"]]
         for message in late_replies:

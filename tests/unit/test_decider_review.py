@@ -17,9 +17,10 @@ from saga_tasks.core.definitions import saga, step
 from saga_tasks.core.events import DeadLettered, OperatorAction, OperatorVerb
 from saga_tasks.core.messages import MAX_GENERATIONS
 from saga_tasks.core.model import LATE_SUCCESS, SagaState
+from saga_tasks.core.registry import Registry
 from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
-from saga_tasks.runtime.orchestrator import Orchestrator, Registry, SweepReport
+from saga_tasks.runtime.sweeper import Sweeper, SweepReport
 from tests.unit.sagas import Driver, linear
 
 
@@ -43,15 +44,15 @@ def fan_out(*, retry_a: int, retry_b: int):
 
 
 def sweep_shell(definition, state: SagaState, now) -> Decision:
-    """What ``Orchestrator.sweep`` decides for one claimed saga (no database involved)."""
-    orchestrator = Orchestrator(
+    """What ``Sweeper.sweep`` decides for one claimed saga (no database involved)."""
+    sweeper = Sweeper(
         engine=lambda: None,  # type: ignore[arg-type,return-value]
         registry=Registry([definition]),
         topology=None,  # type: ignore[arg-type]
         outlet=lambda: None,  # type: ignore[arg-type,return-value]
         clock=FakeClock(),
     )
-    ((_, _, decision),) = orchestrator._decide_due([state], now, SweepReport())
+    ((_, _, decision),) = sweeper._decide_due([state], now, SweepReport())
     return decision
 
 

@@ -9,7 +9,7 @@ ignore a late one), a completed saga has every effect and undid none, and no
 command takes effect after its compensation ran.
 
 The sweeper claims a saga only when its wake-up time has passed and hands over one the
-decider leaves due, as ``Orchestrator.sweep`` does; a compensation passes through the
+decider leaves due, as ``Sweeper.sweep`` does; a compensation passes through the
 same checks as in ``ParticipantRuntime`` (superseded ids, then the forward command).
 ``StrictSagaWorld`` also lets participants refuse compensations and asserts what the
 shell and the participants rely on: no conflict, no hand-over, nothing undone twice.
@@ -205,7 +205,7 @@ class SagaWorld(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 40.0]))
     def time_passes(self, seconds: float) -> None:
-        """The sweeper as ``Orchestrator.sweep`` runs it: a saga is claimed only when its
+        """The sweeper as ``Sweeper.sweep`` runs it: a saga is claimed only when its
         wake-up time has passed, and one the decider leaves still due is handed over."""
         self.driver.now += timedelta(seconds=seconds)
         now, before = self.driver.now, self.driver.state
