@@ -863,7 +863,7 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
     finally:
         saga_app.close()  # publishes of the sweep confirmed and marked before the drop
         bench.redis.delete(bench.done_key)
-        from saga_tasks.worker.tasks import forget_beat_state
+        from saga_tasks.messaging.celery_config import forget_beat_state
 
         forget_beat_state(saga_app.settings)
     report = build_report(args, results, sweep)

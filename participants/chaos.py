@@ -344,7 +344,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         outages.stop()
         monitor.stop()
         supervisor.stop()
-        from saga_tasks.worker.tasks import forget_beat_state
+        from saga_tasks.messaging.celery_config import forget_beat_state
 
         forget_beat_state(saga_app.settings)
     say("checking")

@@ -185,8 +185,7 @@ class RandomOperator:
         self._record(verb, saga_id, step, "done")
 
     def _replay(self, held_id: int) -> None:
-        from saga_tasks.ops.operator import held_show
-        from saga_tasks.runtime.holding import replay
+        from saga_tasks.ops.views import held_show
 
         view = held_show(self.app, held_id)  # what `saga-tasks dlq show` prints
         saga_id = view["saga_id"]
@@ -196,7 +195,7 @@ class RandomOperator:
         for _ in range(2):
             verb = "replay (forced)" if force else "replay"
             try:
-                replay(self.app, held_id, actor=self.actor, reason=reason, force=force,
+                self.app.replayer.replay(held_id, actor=self.actor, reason=reason, force=force,
                        force_reason=forced_because if force else None)  # fmt: skip
             except ActionRefused as exc:
                 self._record(verb, f"held {held_id}", view["step"], "refused", str(exc)[:300])

@@ -1,8 +1,10 @@
-"""``SagaApp``: saga definitions, participants and settings, and the Celery app that runs them.
+"""``SagaApp``: the composition root. Definitions, participants and settings in; every
+part that runs them wired once, and the Celery app that carries them.
 
 Built from explicit lists; importing a module registers nothing. One SagaApp serves
 every process of a deployment (orchestrator, participant workers, beat, CLI, web):
-each worker picks its queue with ``-Q``.
+each worker picks its queue with ``-Q``. Nothing below this module imports it: each
+part receives what it uses (an engine, a publisher, the clock, its settings).
 
     saga_app = SagaApp(sagas=[ORDER_SAGA], participants=[orders, inventory, payments])
     app = saga_app.celery        # celery -A yourmodule worker -Q saga.replies
@@ -10,6 +12,7 @@ each worker picks its queue with ``-Q``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Sequence
@@ -17,7 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Table
 from sqlalchemy.orm import Session
 
 from saga_tasks.config import Settings
@@ -25,19 +28,27 @@ from saga_tasks.core.clock import Clock, SystemClock
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.registry import Registry
 from saga_tasks.errors import ConfigurationError, CrossParticipantCompensation
-from saga_tasks.messaging.publisher import Publisher
+from saga_tasks.messaging.celery_config import celery_app
+from saga_tasks.messaging.dispatcher import Dispatcher
+from saga_tasks.messaging.publisher import Publisher, task_message_encoder
 from saga_tasks.messaging.topology import Topology
+from saga_tasks.observability.alerts import AlertScan, alerters_for
+from saga_tasks.observability.tracing import Tracing
 from saga_tasks.participant import Participant
 from saga_tasks.persistence.db import get_engine
+from saga_tasks.persistence.prepared import PREPARE_OPTION
 from saga_tasks.persistence.tables import saga_outbox
+from saga_tasks.runtime import faults
+from saga_tasks.runtime.holding import Holding
+from saga_tasks.runtime.intake import Intake
+from saga_tasks.runtime.maintenance import Maintenance
 from saga_tasks.runtime.orchestrator import Orchestrator, SagaHandle
 from saga_tasks.runtime.outlet import Outlet, SyncOutlet
 from saga_tasks.runtime.participant import ParticipantRuntime
+from saga_tasks.runtime.replay import Replayer
 from saga_tasks.runtime.sweeper import Sweeper
-
-_default: list[SagaApp] = []
-"""The first SagaApp built in this process, which ``start_saga`` uses."""
-_default_lock = threading.Lock()
+from saga_tasks.worker.failures import FailurePolicy
+from saga_tasks.worker.tasks import WorkerParts, register
 
 
 class SagaApp:
@@ -51,15 +62,15 @@ class SagaApp:
         settings: Settings | None = None,
         clock: Clock | None = None,
         name: str = "saga_tasks",
+        migrations: Sequence[str] = (),
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
-        from saga_tasks.observability import tracing
-
-        tracing.configure(self.settings.trace_export)
-        from saga_tasks.persistence import prepared
-
-        prepared.enable(self.settings.db_prepare)
+        self.name = name
+        self.migrations = tuple(migrations)
+        """Alembic script directories of the app's own schemas, applied after the
+        library's by ``saga-tasks db upgrade``."""
+        self.tracing = Tracing(self.settings.trace_export)
         self.registry = Registry(sagas)
         self.participants = {p.name: p for p in participants}
         if len(self.participants) != len(participants):
@@ -71,43 +82,105 @@ class SagaApp:
             queue_type=self.settings.queue_type,
             retry_tiers=self.settings.retry_delays,
         )
-        self.name = name
+        self._engines: dict[int, Engine] = {}
+        self._outlets: dict[int, Outlet] = {}
+        self._lock = threading.Lock()
+        self._wire()
+
+    def _wire(self) -> None:
+        settings, clock = self.settings, self.clock
+
+        def engine() -> Engine:
+            return self.engine
+
+        def publisher() -> Publisher:
+            return self.publisher
+
+        def outlet() -> Outlet:
+            return self.outlet
+
         self.orchestrator = Orchestrator(
-            engine=lambda: self.engine,
+            engine=engine,
             registry=self.registry,
             topology=self.topology,
-            outlet=lambda: self.outlet,
-            clock=self.clock,
-            demo_faults=self.settings.demo_faults,
+            outlet=outlet,
+            clock=clock,
+            tracing=self.tracing,
+            demo_faults=settings.demo_faults,
         )
         self.sweeper = Sweeper(
-            engine=lambda: self.engine,
+            engine=engine,
             registry=self.registry,
             topology=self.topology,
-            outlet=lambda: self.outlet,
-            clock=self.clock,
+            outlet=outlet,
+            clock=clock,
         )
         self.runtimes = {
             p.name: ParticipantRuntime(
                 p,
-                engine=lambda: self.engine,
-                publisher=lambda: self.publisher,
-                outlet=lambda: self.outlet,
-                clock=self.clock,
-                demo_faults=self.settings.demo_faults,
+                engine=engine,
+                publisher=publisher,
+                outlet=outlet,
+                clock=clock,
+                tracing=self.tracing,
+                demo_faults=settings.demo_faults,
             )
-            for p in participants
+            for p in self.participants.values()
         }
-        self._outlets: dict[int, Outlet] = {}
-        self._outlet_lock = threading.Lock()
-        with _default_lock:
-            if not _default:
-                _default.append(self)
+        self.holding = Holding(publisher=publisher, clock=clock)
+        self.intake = Intake(
+            engine=engine,
+            publisher=publisher,
+            broker_url=settings.broker_url,
+            dead_lettered=self.orchestrator.dead_lettered,
+            clock=clock,
+        )
+        self.replayer = Replayer(
+            engine=engine,
+            publisher=publisher,
+            act_in=self.orchestrator.act_in,
+            ledgers={name: p.ledger for name, p in self.participants.items()},
+            max_age=settings.replay_max_age,
+            clock=clock,
+        )
+        self.alerts = AlertScan(
+            engine=engine,
+            clock=clock,
+            stuck_after=settings.stuck_after,
+            alerters=alerters_for(settings.alert_webhook),
+        )
+        self.maintenance = Maintenance(
+            engine=engine,
+            publisher=publisher,
+            outbox_tables=self.outbox_tables(),
+            clock=clock,
+            relay_min_age=settings.relay_min_age,
+            relay_batch=settings.relay_batch,
+            sample_keep=settings.sample_keep,
+            after_publish=lambda: (
+                faults.relay_crash_hook(self.engine, clock) if settings.demo_faults else None
+            ),
+        )
+        self.failures = FailurePolicy(
+            engine=engine,
+            publisher=publisher,
+            holding=self.holding,
+            retry_delays=settings.retry_delays,
+            unknown_error_retries=settings.unknown_error_retries,
+            poison_limit=settings.poison_limit,
+        )
 
     @property
     def engine(self) -> Engine:
-        """This process's engine (a forked worker child gets its own)."""
-        return get_engine(self.settings.database_url, self.settings.db_pool_size)
+        """This process's engine (a forked worker child gets its own); pools are shared by
+        apps of one process on one database, the prepare switch is this app's."""
+        pid = os.getpid()
+        found = self._engines.get(pid)
+        if found is None:
+            shared = get_engine(self.settings.database_url, self.settings.db_pool_size)
+            found = shared.execution_options(**{PREPARE_OPTION: self.settings.db_prepare})
+            self._engines = {pid: found}
+        return found
 
     @property
     def publisher(self) -> Publisher:
@@ -120,7 +193,7 @@ class SagaApp:
         found = self._outlets.get(pid)
         if found is not None:
             return found
-        with self._outlet_lock:
+        with self._lock:
             found = self._outlets.get(pid)
             if found is None:
                 found = self._new_outlet()
@@ -130,9 +203,6 @@ class SagaApp:
     def _new_outlet(self) -> Outlet:
         if self.settings.publish_mode == "sync":
             return SyncOutlet(lambda: self.engine, lambda: self.publisher)
-        from saga_tasks.messaging.dispatcher import Dispatcher
-        from saga_tasks.messaging.publisher import task_message_encoder
-
         return Dispatcher(
             broker_url=self.settings.broker_url,
             encode=task_message_encoder(self.celery, self.topology),
@@ -159,11 +229,28 @@ class SagaApp:
 
     @cached_property
     def celery(self) -> Celery:
-        from saga_tasks.worker.tasks import build_celery
+        """The Celery app: configured from the settings and topology, with every task."""
+        celery = celery_app(self.name, self.settings, self.topology)
+        register(
+            celery,
+            WorkerParts(
+                settings=self.settings,
+                topology=self.topology,
+                orchestrator=self.orchestrator,
+                sweeper=self.sweeper,
+                intake=self.intake,
+                alerts=self.alerts,
+                maintenance=self.maintenance,
+                holding=self.holding,
+                failures=self.failures,
+                runtimes=self.runtimes,
+                engine=lambda: self.engine,
+                flush=self.flush,
+            ),
+        )
+        return celery
 
-        return build_celery(self)
-
-    def outbox_tables(self) -> list[Any]:
+    def outbox_tables(self) -> list[Table]:
         """The orchestrator's outbox and every participant's: what recovery scans."""
         return [saga_outbox, *(p.outbox for p in self.participants.values())]
 
@@ -212,17 +299,24 @@ def _check_owners(sagas: Sequence[SagaDefinition], participants: Sequence[Partic
                     )
 
 
+NO_APP = (
+    "no SagaApp named: set SAGA_TASKS_APP=module:attribute (or pass --app) to the module "
+    "that builds your SagaApp"
+)
+
+
 def default_app() -> SagaApp:
-    """The first SagaApp built in this process, else the one ``SAGA_TASKS_APP`` names."""
-    if _default:
-        return _default[0]
-    return load_app(Settings.from_env().app)
+    """The SagaApp that ``SAGA_TASKS_APP`` names (imported once, as any module is)."""
+    spec = Settings.from_env().app
+    if not spec:
+        raise ConfigurationError(NO_APP)
+    return load_app(spec)
 
 
 def load_app(spec: str) -> SagaApp:
     """Import ``module:attribute`` and check it is a SagaApp."""
-    import importlib
-
+    if not spec:
+        raise ConfigurationError(NO_APP)
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -244,7 +338,7 @@ def start_saga(
     session: Session | None = None,
     traceparent: str | None = None,
 ) -> SagaHandle:
-    """Start a saga on the default app; idempotent per (saga type, business key).
+    """Start a saga on the app ``SAGA_TASKS_APP`` names; idempotent per (type, business key).
 
     With ``session``, the saga's rows are written in the caller's transaction and its
     first commands are published after that transaction commits; nothing is sent if

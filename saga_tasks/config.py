@@ -209,8 +209,9 @@ class Settings:
     log_level: str = _env("SAGA_LOG_LEVEL", "INFO", "Level of saga_tasks loggers.")
     app: str = _env(
         "SAGA_TASKS_APP",
-        "participants.app:saga_app",
-        "module:attribute of the SagaApp (definitions and participants) the CLI loads.",
+        "",
+        "module:attribute of the SagaApp (definitions and participants) the CLI, the web app "
+        "and start_saga load; no default: a library cannot guess your app.",
     )
 
     def __post_init__(self) -> None:

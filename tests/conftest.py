@@ -234,7 +234,7 @@ def workers(
     yield pool
     pool.stop_all()
     from saga_tasks import Settings
-    from saga_tasks.worker.tasks import forget_beat_state
+    from saga_tasks.messaging.celery_config import forget_beat_state
 
     forget_beat_state(
         Settings.from_env({}, database_url=isolation.database_url, broker_url=isolation.broker_url)

@@ -55,17 +55,6 @@ FORWARD_SUCCEEDED = frozenset(
 )
 # A message is out for this step and its answer is awaited.
 IN_FLIGHT = frozenset({StepStatus.REQUESTED, StepStatus.COMPENSATING})
-# Nothing of this step remains to be done or undone.
-SETTLED_STEP = frozenset(
-    {
-        StepStatus.FAILED,
-        StepStatus.COMPENSATED,
-        StepStatus.COMPENSATION_SKIPPED,
-        StepStatus.SKIPPED,
-        StepStatus.PENDING,
-        StepStatus.TIMED_OUT,
-    }
-)
 
 
 def saga_status(value: str) -> SagaStatus:

@@ -22,7 +22,7 @@ for clusters; it adds ``x-delivery-limit`` and at-least-once dead-lettering.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,7 +246,3 @@ def declare_topology(broker_url: str, topology: Topology) -> list[str]:
                 "RabbitMQ", mask_url(broker_url), str(exc) or type(exc).__name__
             ) from exc
         return topology.declare(conn)
-
-
-def topology_for(queues: Iterable[str], queue_type: str) -> Topology:
-    return Topology(command_queues=tuple(sorted(set(queues))), queue_type=queue_type)

@@ -15,24 +15,20 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from datetime import timedelta
+from typing import Protocol
 
-from sqlalchemy import Connection, case, delete, func, literal, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Engine
 
+from saga_tasks.core.clock import Clock
+from saga_tasks.core.states import SagaStatus
+from saga_tasks.persistence import alerts as alert_sql
+from saga_tasks.persistence.alerts import MANUAL_REVIEW, STUCK
 from saga_tasks.persistence.db import translated
-from saga_tasks.persistence.tables import alert_sent, saga_instance
-
-if TYPE_CHECKING:
-    from saga_tasks.app import SagaApp
 
 log = logging.getLogger("saga_tasks.observability.alerts")
-
-STUCK = "stuck"
-MANUAL_REVIEW = "manual_review"
 
 
 @dataclass(frozen=True)
@@ -96,106 +92,66 @@ class WebhookAlerter:
             raise
 
 
-def alerters_for(app: SagaApp) -> list[Alerter]:
+def alerters_for(webhook: str | None) -> list[Alerter]:
+    """The log channel, and the webhook when one is configured."""
     found: list[Alerter] = [LogAlerter()]
-    if app.settings.alert_webhook:
-        found.append(WebhookAlerter(app.settings.alert_webhook))
+    if webhook:
+        found.append(WebhookAlerter(webhook))
     return found
 
 
-def scan(app: SagaApp, alerters: Sequence[Alerter] | None = None, *, limit: int = 500) -> int:
-    """Send the alerts due now; the number sent."""
-    alerters = list(alerters) if alerters is not None else alerters_for(app)
-    now = app.clock.now()
-    cutoff = now - timedelta(seconds=app.settings.stuck_after)
-    condition_sql = case(
-        (saga_instance.c.status == "MANUAL_REVIEW", literal(MANUAL_REVIEW)), else_=literal(STUCK)
-    )
-    claimed = (
-        select(func.count())
-        .where(
-            alert_sent.c.saga_id == saga_instance.c.saga_id,
-            alert_sent.c.condition.like(condition_sql + literal("@%")),
-        )
-        .scalar_subquery()
-    )
-    due = (
-        select(
-            saga_instance.c.saga_id,
-            saga_instance.c.saga_type,
-            saga_instance.c.status,
-            saga_instance.c.status_reason,
-            saga_instance.c.updated_at,
-        )
-        .where(
-            (saga_instance.c.status == "MANUAL_REVIEW")
-            | (
-                saga_instance.c.status.in_(("RUNNING", "COMPENSATING"))
-                & (saga_instance.c.updated_at < cutoff)
-            ),
-            claimed < len(alerters),  # sagas every channel was told about are left alone
-        )
-        .order_by(saga_instance.c.updated_at)
-        .limit(limit)
-    )
-    sent = 0
-    with translated(app.settings.database_url), app.engine.begin() as conn:
-        _forget_ended(conn, cutoff)
-        candidates = conn.execute(due).all()
-    for row in candidates:
-        condition = MANUAL_REVIEW if row.status == "MANUAL_REVIEW" else STUCK
-        alert = Alert(
-            condition=condition,
-            saga_id=str(row.saga_id),
-            saga_type=row.saga_type,
-            status=row.status,
-            reason=row.status_reason,
-            idle_seconds=round((now - row.updated_at).total_seconds(), 1),
-        )
-        for alerter in alerters:
-            sent += _send_once(app, alert, alerter)
-    return sent
+class AlertScan:
+    """Sends the alerts due now, once per saga, condition and channel."""
 
+    def __init__(
+        self,
+        *,
+        engine: Callable[[], Engine],
+        clock: Clock,
+        stuck_after: float,
+        alerters: Sequence[Alerter],
+    ) -> None:
+        self._engine = engine
+        self.clock = clock
+        self.stuck_after = stuck_after
+        self.alerters = list(alerters)
 
-def _forget_ended(conn: Connection, cutoff: datetime) -> None:
-    """Drop the claims of conditions that no longer hold (and of sagas gone)."""
-    s = saga_instance.c
-    still = (
-        select(literal(1))
-        .where(s.saga_id == alert_sent.c.saga_id)
-        .where(
-            (alert_sent.c.condition.like(f"{MANUAL_REVIEW}@%") & (s.status == "MANUAL_REVIEW"))
-            | (
-                alert_sent.c.condition.like(f"{STUCK}@%")
-                & s.status.in_(("RUNNING", "COMPENSATING"))
-                & (s.updated_at < cutoff)
+    def scan(self, *, limit: int = 500) -> int:
+        """Send the alerts due now; the number sent."""
+        engine = self._engine()
+        now = self.clock.now()
+        cutoff = now - timedelta(seconds=self.stuck_after)
+        with translated(engine.url), engine.begin() as conn:
+            alert_sql.forget_ended(conn, cutoff)
+            candidates = alert_sql.due(conn, cutoff, len(self.alerters), limit)
+        sent = 0
+        for row in candidates:
+            condition = MANUAL_REVIEW if row.status == SagaStatus.MANUAL_REVIEW.value else STUCK
+            alert = Alert(
+                condition=condition,
+                saga_id=str(row.saga_id),
+                saga_type=row.saga_type,
+                status=row.status,
+                reason=row.status_reason,
+                idle_seconds=round((now - row.updated_at).total_seconds(), 1),
             )
-        )
-    )
-    conn.execute(delete(alert_sent).where(~still.exists()))
+            for alerter in self.alerters:
+                sent += self._send_once(engine, alert, alerter)
+        return sent
 
-
-def _send_once(app: SagaApp, alert: Alert, alerter: Alerter) -> int:
-    """Claim (saga, condition, channel), send, and give the claim back if sending failed."""
-    key = f"{alert.condition}@{alerter.name}"
-    claim = (
-        pg_insert(alert_sent)
-        .values(saga_id=alert.saga_id, condition=key)
-        .on_conflict_do_nothing(constraint="pk_alert_sent")
-        .returning(alert_sent.c.saga_id)
-    )
-    with translated(app.settings.database_url), app.engine.begin() as conn:
-        if conn.execute(claim).first() is None:
+    def _send_once(self, engine: Engine, alert: Alert, alerter: Alerter) -> int:
+        """Claim (saga, condition, channel), send, and give the claim back if sending failed."""
+        key = f"{alert.condition}@{alerter.name}"
+        with translated(engine.url), engine.begin() as conn:
+            if not alert_sql.claim(conn, alert.saga_id, key):
+                return 0
+        try:
+            alerter.send(alert)
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            log.warning(
+                "alerter %s failed: %s", alerter.name, exc, extra={"saga_id": alert.saga_id}
+            )
+            with translated(engine.url), engine.begin() as conn:
+                alert_sql.release(conn, alert.saga_id, key)
             return 0
-    try:
-        alerter.send(alert)
-    except (OSError, urllib.error.URLError, ValueError) as exc:
-        log.warning("alerter %s failed: %s", alerter.name, exc, extra={"saga_id": alert.saga_id})
-        with translated(app.settings.database_url), app.engine.begin() as conn:
-            conn.execute(
-                delete(alert_sent).where(
-                    alert_sent.c.saga_id == alert.saga_id, alert_sent.c.condition == key
-                )
-            )
-        return 0
-    return 1
+        return 1

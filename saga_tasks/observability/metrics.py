@@ -10,15 +10,10 @@ scrape time by ``StateCollector``, served by the web app's ``/metrics``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from saga_tasks.app import SagaApp
 
 log = logging.getLogger("saga_tasks.observability.metrics")
 
@@ -85,90 +80,6 @@ def observe_history(
                 STEP_LATENCY.labels(saga_type=saga_type, step=entry.step, outcome=outcome).observe(
                     max(seconds, 0.0)
                 )
-
-
-class StateCollector(Collector):
-    """Gauges read at scrape time, so every process that serves them tells the same story."""
-
-    def __init__(self, app: SagaApp) -> None:
-        self.app = app
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        try:
-            yield from self._collect()
-        except Exception:
-            log.exception("could not read saga state for /metrics")
-            up = GaugeMetricFamily("saga_state_up", "1 when the state gauges could be read")
-            up.add_metric([], 0)
-            yield up
-
-    def _collect(self) -> Iterator[GaugeMetricFamily]:
-        from sqlalchemy import func, select
-
-        from saga_tasks.persistence.tables import held_message, saga_instance
-
-        app = self.app
-        sagas = GaugeMetricFamily(
-            "saga_sagas", "Sagas by type and status", labels=["saga_type", "status"]
-        )
-        active = GaugeMetricFamily("saga_active", "Active sagas by status", labels=["status"])
-        lag = GaugeMetricFamily(
-            "saga_outbox_lag_seconds", "Age of the oldest unpublished outbox row", labels=["outbox"]
-        )
-        held = GaugeMetricFamily(
-            "saga_held_pending", "Held messages waiting for an operator", labels=["holding"]
-        )
-        with app.engine.connect() as conn:
-            counts = conn.execute(
-                select(saga_instance.c.saga_type, saga_instance.c.status, func.count()).group_by(
-                    saga_instance.c.saga_type, saga_instance.c.status
-                )
-            ).all()
-            by_status: dict[str, int] = {"RUNNING": 0, "COMPENSATING": 0}
-            for saga_type, status, n in counts:
-                sagas.add_metric([saga_type, status], n)
-                if status in by_status:
-                    by_status[status] += n
-            for status, n in by_status.items():
-                active.add_metric([status], n)
-            from saga_tasks.persistence.outbox import oldest_unpublished_age
-
-            for table in app.outbox_tables():
-                lag.add_metric(
-                    [f"{table.schema}.{table.name}"], oldest_unpublished_age(conn, table) or 0.0
-                )
-            pending: dict[str, int] = dict(
-                conn.execute(
-                    select(held_message.c.holding, func.count())
-                    .where(held_message.c.status == "pending")
-                    .group_by(held_message.c.holding)
-                ).all()
-            )
-            for holding in ("dead_letter", "parking"):
-                held.add_metric([holding], pending.get(holding, 0))
-        yield sagas
-        yield active
-        yield lag
-        yield held
-        yield self._queue_depths()
-        up = GaugeMetricFamily("saga_state_up", "1 when the state gauges could be read")
-        up.add_metric([], 1)
-        yield up
-
-    def _queue_depths(self) -> GaugeMetricFamily:
-        from saga_tasks.messaging.topology import DEAD_LETTER_QUEUE, PARKING_QUEUE
-        from saga_tasks.ops.isolation import queue_depths
-
-        depth = GaugeMetricFamily("saga_queue_depth", "Ready messages in a queue", labels=["queue"])
-        names = [
-            *self.app.topology.command_queues,
-            "saga.replies",
-            DEAD_LETTER_QUEUE,
-            PARKING_QUEUE,
-        ]
-        for name, n in queue_depths(self.app.settings.broker_url, names).items():
-            depth.add_metric([name], n)
-        return depth
 
 
 def serve_worker_metrics(port: int) -> None:

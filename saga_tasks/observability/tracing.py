@@ -34,66 +34,75 @@ def trace_id(traceparent: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-_tracer: Any = None
-_setup_lock = threading.Lock()
-_configured_for: str | None = None
+class Tracing:
+    """Spans for one app: OpenTelemetry's when ``export`` is on (off, console,
+    file:<path>) and it is installed, else none; the trace context flows either way.
 
+    Each app holds its own tracer provider (none is installed process-wide), built in
+    the process that first opens a span (a forked worker child builds its own).
+    """
 
-def configure(export: str) -> bool:
-    """Install a tracer provider for ``export`` (off, console, file:<path>); False if off
-    or OpenTelemetry is not installed."""
-    global _tracer, _configured_for  # noqa: PLW0603 - one provider per process
-    if export == "off":
-        return False
-    with _setup_lock:
-        if _configured_for == f"{os.getpid()}:{export}":
-            return _tracer is not None
-        try:
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import (
-                ConsoleSpanExporter,
-                SimpleSpanProcessor,
-            )
-        except ImportError:
-            log.warning("SAGA_TRACE_EXPORT=%s, but OpenTelemetry is not installed", export)
-            _configured_for = f"{os.getpid()}:{export}"
-            return False
-        provider = TracerProvider(resource=Resource.create({"service.name": "saga_tasks"}))
-        exporter: Any = (
-            ConsoleSpanExporter() if export == "console" else JsonLinesExporter(export[5:])
+    def __init__(self, export: str = "off") -> None:
+        self.export = export
+        self._lock = threading.Lock()
+        self._tracer: Any = None
+        self._built_in: int | None = None
+
+    def _get_tracer(self) -> Any:
+        if self.export == "off":
+            return None
+        pid = os.getpid()
+        if self._built_in == pid:
+            return self._tracer
+        with self._lock:
+            if self._built_in != pid:
+                self._tracer = _build_tracer(self.export)
+                self._built_in = pid
+        return self._tracer
+
+    @contextmanager
+    def span(self, name: str, traceparent: str | None, **attributes: Any) -> Iterator[str | None]:
+        """A span, child of ``traceparent`` (a root without one); yields the context to
+        pass on: the span's own, or without OpenTelemetry the given one (a new one if
+        none)."""
+        tracer = self._get_tracer()
+        if tracer is None:
+            yield traceparent or new_traceparent()
+            return
+        from opentelemetry.context import Context
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        propagator = TraceContextTextMapPropagator()
+        # No valid parent: this span is the root of a new trace.
+        parent = (
+            propagator.extract({"traceparent": traceparent})
+            if traceparent and TRACEPARENT.match(traceparent)
+            else Context()
         )
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        _tracer = provider.get_tracer("saga_tasks")
-        _configured_for = f"{os.getpid()}:{export}"
-        return True
+        with tracer.start_as_current_span(name, context=parent) as current:
+            for key, value in attributes.items():
+                if value is not None:
+                    current.set_attribute(key, str(value))
+            carrier: dict[str, str] = {}
+            propagator.inject(carrier)
+            yield carrier.get("traceparent", traceparent)
 
 
-@contextmanager
-def span(name: str, traceparent: str | None, **attributes: Any) -> Iterator[str | None]:
-    """A span, child of ``traceparent`` (a root without one); yields the context to pass on:
-    the span's own, or without OpenTelemetry the given one (a new one if none)."""
-    tracer = _tracer
-    if tracer is None:
-        yield traceparent or new_traceparent()
-        return
-    from opentelemetry.context import Context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+OFF = Tracing("off")
 
-    propagator = TraceContextTextMapPropagator()
-    # No valid parent: this span is the root of a new trace.
-    parent = (
-        propagator.extract({"traceparent": traceparent})
-        if traceparent and TRACEPARENT.match(traceparent)
-        else Context()
-    )
-    with tracer.start_as_current_span(name, context=parent) as current:
-        for key, value in attributes.items():
-            if value is not None:
-                current.set_attribute(key, str(value))
-        carrier: dict[str, str] = {}
-        propagator.inject(carrier)
-        yield carrier.get("traceparent", traceparent)
+
+def _build_tracer(export: str) -> Any:
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+    except ImportError:
+        log.warning("SAGA_TRACE_EXPORT=%s, but OpenTelemetry is not installed", export)
+        return None
+    provider = TracerProvider(resource=Resource.create({"service.name": "saga_tasks"}))
+    exporter: Any = ConsoleSpanExporter() if export == "console" else JsonLinesExporter(export[5:])
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("saga_tasks")
 
 
 class JsonLinesExporter:

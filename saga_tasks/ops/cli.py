@@ -423,7 +423,7 @@ def resolve(
 @click.pass_obj
 def stuck(obj: _Context, older_than: float | None, limit: int, as_json: bool) -> None:
     """Active sagas that have not moved for a while, oldest first."""
-    from saga_tasks.ops.operator import stuck as find_stuck
+    from saga_tasks.ops.views import stuck as find_stuck
 
     app = obj.app()
     with _errors():
@@ -461,7 +461,7 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
         obj: _Context, status: str, saga_id: str | None, limit: int, as_json: bool
     ) -> None:
         """Held messages, newest first."""
-        from saga_tasks.ops.operator import held_list
+        from saga_tasks.ops.views import held_list
 
         app = obj.app()
         with _errors():
@@ -490,7 +490,7 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
     @click.pass_obj
     def show_held(obj: _Context, held_id: int, as_json: bool) -> None:
         """One held message, with the checks a replay would run now."""
-        from saga_tasks.ops.operator import held_show
+        from saga_tasks.ops.views import held_show
 
         app = obj.app()
         with _errors():
@@ -532,12 +532,10 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
         as_json: bool,
     ) -> None:
         """Publish a held message again to its queue, if the checks allow it."""
-        from saga_tasks.runtime.holding import replay
 
         app = obj.app()
         with _errors():
-            result = replay(
-                app,
+            result = app.replayer.replay(
                 held_id,
                 actor=actor,
                 reason=reason,
@@ -566,11 +564,10 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
     @click.pass_obj
     def discard_held(obj: _Context, held_id: int, actor: str, reason: str) -> None:
         """Close a held message without sending it."""
-        from saga_tasks.runtime.holding import discard
 
         app = obj.app()
         with _errors():
-            discard(app, held_id, actor=actor, reason=reason)
+            app.replayer.discard(held_id, actor=actor, reason=reason)
         click.echo(f"discarded held message {held_id}")
 
     return group

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from saga_tasks.messaging.admin import consumed
+
 T = TypeVar("T")
 
 
@@ -172,22 +174,9 @@ class WorkerProcess:
         wait_for(is_ready, timeout=timeout, interval=0.1, describe=f"{self.name} ready")
 
     def _consuming(self) -> bool:
-        from kombu import Connection
-
         if not self.broker_url:
             raise RuntimeError("a quiet worker needs broker_url to tell when it is ready")
-        with Connection(self.broker_url, connect_timeout=3) as conn:
-            for name in self.queues:
-                channel: Any = conn.channel()
-                try:
-                    _, _, consumers = channel.queue_declare(queue=name, passive=True)
-                except Exception:  # noqa: BLE001 - not declared yet: not ready
-                    return False
-                finally:
-                    channel.close()
-                if not consumers:
-                    return False
-        return True
+        return consumed(self.broker_url, self.queues)
 
     @property
     def pid(self) -> int:

@@ -6,23 +6,13 @@ import logging
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import Settings, mask_url
 from saga_tasks.errors import ConfigurationError, ServiceUnavailable
+from saga_tasks.messaging.admin import check_broker
+from saga_tasks.persistence.admin import ensure_database
 from saga_tasks.persistence.db import check_database, translated
-
-
-def check_broker(url: str) -> None:
-    """Raise ``ServiceUnavailable`` unless RabbitMQ accepts a connection at ``url``."""
-    from kombu import Connection
-
-    try:
-        with Connection(url, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
-    except Exception as exc:
-        raise ServiceUnavailable("RabbitMQ", mask_url(url), _describe(exc)) from exc
 
 
 def check_redis(url: str) -> None:
@@ -57,38 +47,6 @@ def migrations_dir() -> Path:
     raise ConfigurationError("cannot find the migrations directory")
 
 
-def ensure_database(url: str) -> bool:
-    """Create the database ``url`` names if it does not exist; True if it was created."""
-    target = make_url(url)
-    name = target.database
-    if not name:
-        raise ConfigurationError("SAGA_DATABASE_URL names no database")
-    admin = create_engine(
-        target.set(database="postgres"),
-        poolclass=NullPool,
-        isolation_level="AUTOCOMMIT",
-        connect_args={"connect_timeout": 5},
-    )
-    try:
-        with translated(url), admin.connect() as conn:
-            exists = conn.execute(
-                text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
-            ).first()
-            if exists:
-                return False
-            from sqlalchemy.exc import ProgrammingError
-
-            try:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
-            except ProgrammingError as exc:
-                if "already exists" in str(exc):
-                    return False  # created by a concurrent run
-                raise
-            return True
-    finally:
-        admin.dispose()
-
-
 def upgrade(url: str, revision: str = "head") -> str:
     """Apply migrations up to ``revision``; running it again changes nothing."""
     from alembic import command
@@ -114,3 +72,15 @@ def current_revision(url: str) -> str | None:
             return str(value) if value is not None else None
     finally:
         engine.dispose()
+
+
+__all__ = [
+    "check_all",
+    "check_broker",
+    "check_database",
+    "check_redis",
+    "current_revision",
+    "ensure_database",
+    "migrations_dir",
+    "upgrade",
+]

@@ -1,4 +1,4 @@
-"""The JSON shapes of a saga and of a saga list, shared by the CLI and the HTTP API.
+"""What operators read, as JSON shapes shared by the CLI, the HTTP API and the dashboard.
 
 Shapes (documented in the README and pinned by tests):
 
@@ -16,14 +16,14 @@ Shapes (documented in the README and pinned by tests):
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from saga_tasks.app import SagaApp
-from saga_tasks.core.states import SagaStatus
-from saga_tasks.persistence import sagas
+from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus
+from saga_tasks.persistence import held as held_sql
+from saga_tasks.persistence import reads, sagas
 from saga_tasks.persistence.db import translated
-from saga_tasks.persistence.tables import invalid_message
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -31,19 +31,10 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def saga_view(app: SagaApp, saga_id: str) -> dict[str, Any]:
-    from sqlalchemy import select
-
-    from saga_tasks.ops.operator import held_summary
-    from saga_tasks.persistence.tables import held_message
-
     state = app.orchestrator.get(saga_id)
     with translated(app.settings.database_url), app.engine.connect() as conn:
         history = sagas.history(conn, state.saga_id)
-        held_rows = conn.execute(
-            select(held_message)
-            .where(held_message.c.saga_id == state.saga_id)
-            .order_by(held_message.c.id)
-        ).all()
+        held_rows = reads.held_of_saga(conn, state.saga_id)
     updated = state.extra.get("updated_at")
     return {
         "saga_id": state.saga_id,
@@ -85,7 +76,7 @@ def saga_view(app: SagaApp, saga_id: str) -> dict[str, Any]:
             }
             for h in history
         ],
-        "held_messages": [held_summary(dict(r._mapping)) for r in held_rows],
+        "held_messages": [held_summary(r) for r in held_rows],
     }
 
 
@@ -119,11 +110,108 @@ def list_view(
 
 
 def invalid_view(app: SagaApp, *, limit: int = 50) -> dict[str, Any]:
-    from sqlalchemy import select
-
-    stmt = select(invalid_message).order_by(invalid_message.c.id.desc()).limit(limit)
     with translated(app.settings.database_url), app.engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(stmt)]
+        rows = reads.invalid_messages(conn, limit)
     for r in rows:
         r["received_at"] = _iso(r["received_at"])
     return {"invalid_messages": rows, "count": len(rows)}
+
+
+def stuck(
+    app: SagaApp,
+    *,
+    older_than: float | None = None,
+    limit: int = 100,
+    status: str | None = None,
+    saga_type: str | None = None,
+    business_key: str | None = None,
+) -> dict[str, Any]:
+    """Active sagas with no change for ``older_than`` seconds (``SAGA_STUCK_AFTER``),
+    longest idle first; optionally of one active status, type or business key."""
+    seconds = app.settings.stuck_after if older_than is None else older_than
+    cutoff = app.clock.now() - timedelta(seconds=seconds)
+    wanted = [s.value for s in ACTIVE_SAGA if status in (None, s.value)]
+    rows = []
+    if wanted:
+        with translated(app.settings.database_url), app.engine.connect() as conn:
+            rows = reads.quiet_sagas(
+                conn,
+                statuses=wanted,
+                before=cutoff,
+                saga_type=saga_type,
+                business_key=business_key,
+                limit=limit,
+            )
+    now = app.clock.now()
+    items = [
+        {
+            "saga_id": str(r["saga_id"]),
+            "saga_type": r["saga_type"],
+            "business_key": r["business_key"],
+            "status": r["status"],
+            "status_reason": r["status_reason"],
+            "version": r["version"],
+            "created_at": r["created_at"].isoformat(),
+            "updated_at": r["updated_at"].isoformat(),
+            "finished_at": None,
+            "idle_seconds": round((now - r["updated_at"]).total_seconds(), 1),
+            "next_wake_at": r["next_wake_at"].isoformat() if r["next_wake_at"] else None,
+        }
+        for r in rows
+    ]
+    return {"stuck": items, "count": len(items), "older_than_seconds": seconds}
+
+
+def held_list(
+    app: SagaApp,
+    holding: str,
+    *,
+    status: str | None = "pending",
+    saga_id: str | None = None,
+    limit: int = 50,
+) -> dict[str, Any]:
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        found = reads.held_messages(conn, holding, status=status, saga_id=saga_id, limit=limit)
+    rows = [held_summary(r) for r in found]
+    return {"messages": rows, "count": len(rows)}
+
+
+def held_show(app: SagaApp, held_id: int) -> dict[str, Any]:
+    """One held message with its replay checks as they stand now."""
+
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        row = held_sql.get(conn, held_id)
+        checks = app.replayer.checks(conn, row)
+    view = held_summary(row)
+    view["headers"] = row["headers"]
+    view["body"] = row["body"] if not row["body_base64"] else f"(base64) {row['body']}"
+    view["replay_checks"] = [
+        {"check": c.name, "finding": c.finding, "blocks": c.blocks} for c in checks
+    ]
+    return view
+
+
+def held_summary(row: dict[str, Any]) -> dict[str, Any]:
+    def iso(value: Any) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {
+        "id": row["id"],
+        "holding": row["holding"],
+        "status": row["status"],
+        "reason": row["reason"],
+        "saga_id": str(row["saga_id"]) if row["saga_id"] else None,
+        "step": row["step"],
+        "kind": row["kind"],
+        "task_name": row["task_name"],
+        "message_id": row["message_id"],
+        "original_queue": row["original_queue"],
+        "original_routing_key": row["original_routing_key"],
+        "death_count": row["death_count"],
+        "first_death_at": iso(row["first_death_at"]),
+        "last_death_at": iso(row["last_death_at"]),
+        "received_at": iso(row["received_at"]),
+        "resolved_by": row["resolved_by"],
+        "resolved_at": iso(row["resolved_at"]),
+        "resolution": row["resolution"],
+    }

@@ -33,13 +33,9 @@ _LITERAL = re.compile(r"'[^']*'")
 _INFO_KEY = "saga_tasks.prepared"
 _NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
 
-_enabled = True
-
-
-def enable(on: bool) -> None:
-    """Prepare statements (the default), or run them as plain text (PgBouncer)."""
-    global _enabled  # noqa: PLW0603 - one switch per process, set from the settings
-    _enabled = on
+PREPARE_OPTION = "saga_prepare"
+"""Execution option of an engine or connection: False runs the same SQL as plain text
+(behind PgBouncer in transaction mode). Each app sets it on its engine from its settings."""
 
 
 class Prepared:
@@ -74,7 +70,7 @@ class Prepared:
             self._plain = self._plain.columns(*columns)
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
-        if not _enabled:
+        if not conn.get_execution_options().get(PREPARE_OPTION, True):
             return conn.execute(self._plain, params)
         info = conn.connection.info
         names: set[str] = info.setdefault(_INFO_KEY, set())

@@ -18,7 +18,7 @@ from sqlalchemy import BigInteger, Column, Connection, Row, insert, select, text
 from saga_tasks.core.decider import HistoryEntry
 from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.core.model import SagaState, StepState
-from saga_tasks.core.states import SagaStatus, StepStatus
+from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
 from saga_tasks.errors import ConcurrencyConflict
 from saga_tasks.persistence import outbox, recordset
 from saga_tasks.persistence.prepared import Prepared
@@ -287,7 +287,7 @@ def claim_due(conn: Connection, now: datetime, limit: int) -> list[SagaState]:
     due = (
         select(saga_instance.c.saga_id)
         .where(
-            saga_instance.c.status.in_(("RUNNING", "COMPENSATING")),
+            saga_instance.c.status.in_([s.value for s in ACTIVE_SAGA]),
             saga_instance.c.next_wake_at <= now,
         )
         .order_by(saga_instance.c.next_wake_at)

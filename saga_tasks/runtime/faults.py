@@ -22,12 +22,20 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import Engine
+
+from saga_tasks.core.clock import Clock
+from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.errors import InvalidPayload
+from saga_tasks.persistence import sagas
+
+if TYPE_CHECKING:
+    from saga_tasks.runtime.outlet import AfterPublish
 
 FIELD = "demo_faults"
 log = logging.getLogger("saga_tasks.runtime.faults")
@@ -136,3 +144,32 @@ def crash(reason: str, **fields: Any) -> None:
 
 def pause(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def relay_crash_hook(engine: Engine, clock: Clock) -> AfterPublish:
+    """The ``saga_tasks.relay`` fault: outbox recovery dies after publishing, before
+    marking, once per saga (its history says so first)."""
+
+    def after_publish(published: Sequence[OutboundMessage]) -> None:
+        saga_ids = sorted({m.saga_id for m in published if m.saga_id})
+        if not saga_ids:
+            return
+        with engine.connect() as conn:
+            for saga_id, payload in sagas.payloads(conn, saga_ids):
+                fault = fault_for(payload, RELAY, enabled=True)
+                if fault is None or fault.kind is not FaultKind.CRASH_AFTER_PUBLISH:
+                    continue
+                if sagas.has_event(conn, saga_id, "demo_fault"):
+                    continue
+                sagas.append_note_if_exists(
+                    conn,
+                    saga_id,
+                    event="demo_fault",
+                    reason="outbox recovery killed after publishing, before marking published",
+                    message_id=None,
+                    now=clock.now(),
+                )
+                conn.commit()
+                crash("outbox recovery after publishing, before marking", saga_id=saga_id)
+
+    return after_publish

@@ -39,6 +39,7 @@ from saga_tasks.errors import (
 )
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
 from saga_tasks.observability import metrics, tracing
+from saga_tasks.observability.tracing import OFF, Tracing
 from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
@@ -74,6 +75,7 @@ class Orchestrator:
         topology: Topology,
         outlet: Callable[[], Outlet],
         clock: Clock,
+        tracing: Tracing = OFF,
         demo_faults: bool = False,
     ) -> None:
         self.demo_faults = demo_faults
@@ -82,6 +84,7 @@ class Orchestrator:
         self.topology = topology
         self._outlet = outlet
         self.clock = clock
+        self.tracing = tracing
 
     @property
     def engine(self) -> Engine:
@@ -109,7 +112,9 @@ class Orchestrator:
         clean = definition.validate_payload(payload)
         faults.validate_payload_faults(clean, self.demo_faults)
         digest = sagas.payload_hash(clean)
-        with tracing.span(f"saga.start {saga_type}", traceparent, **{"saga.type": saga_type}) as tp:
+        with self.tracing.span(
+            f"saga.start {saga_type}", traceparent, **{"saga.type": saga_type}
+        ) as tp:
             return self._start(
                 definition, business_key, clean, digest=digest, traceparent=tp, session=session
             )
@@ -265,7 +270,7 @@ class Orchestrator:
         ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
         """
         step = (headers or {}).get("saga_step")
-        with tracing.span(
+        with self.tracing.span(
             f"saga.reply {step}", (headers or {}).get("traceparent"), **tracing.attributes(headers)
         ):
             return self._handle_reply(

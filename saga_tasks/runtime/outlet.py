@@ -83,6 +83,10 @@ class SyncOutlet:
         return None
 
 
+AfterPublish = Callable[[Sequence[OutboundMessage]], None]
+"""Runs between a recovery publish and its mark (the demo's crash point)."""
+
+
 @dataclass(frozen=True)
 class RelayReport:
     table: str
@@ -98,7 +102,7 @@ def relay(
     *,
     min_age_seconds: float,
     batch: int,
-    after_publish: Callable[[Sequence[OutboundMessage]], None] | None = None,
+    after_publish: AfterPublish | None = None,
 ) -> RelayReport:
     """One recovery pass over one outbox table.
 

@@ -37,6 +37,7 @@ from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE
 from saga_tasks.observability import metrics, tracing
+from saga_tasks.observability.tracing import OFF, Tracing
 from saga_tasks.participant import CommandContext, Handler, Participant
 from saga_tasks.persistence import ledger as ledger_sql
 from saga_tasks.persistence.db import translated
@@ -100,6 +101,7 @@ class ParticipantRuntime:
         publisher: Callable[[], Publisher],
         outlet: Callable[[], Outlet],
         clock: Clock,
+        tracing: Tracing = OFF,
         demo_faults: bool,
     ) -> None:
         self.participant = participant
@@ -107,6 +109,7 @@ class ParticipantRuntime:
         self._publisher = publisher
         self._outlet = outlet
         self.clock = clock
+        self.tracing = tracing
         self.demo_faults = demo_faults
         self._ledger = ledger_sql.Ledger(participant.ledger, participant.outbox)
 
@@ -125,7 +128,7 @@ class ParticipantRuntime:
         A message that makes no sense is recorded and returns ``"invalid"``, or with
         ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
         """
-        with tracing.span(
+        with self.tracing.span(
             f"saga.command {handler.task_name}",
             (headers or {}).get("traceparent"),
             **tracing.attributes(headers),

@@ -28,6 +28,7 @@ from saga_tasks.errors import (
 )
 from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import translated
+from saga_tasks.web.gauges import StateCollector
 
 PROBLEM = "application/problem+json"
 PROBLEM_BASE = "https://saga-tasks.dev/problems/"
@@ -249,10 +250,15 @@ def build(app: SagaApp) -> FastAPI:
             generate_latest,
         )
 
-        from saga_tasks.observability.metrics import StateCollector
-
         state = CollectorRegistry(auto_describe=False)
-        state.register(StateCollector(app))
+        state.register(
+            StateCollector(
+                engine=lambda: app.engine,
+                outbox_tables=app.outbox_tables(),
+                command_queues=app.topology.command_queues,
+                broker_url=app.settings.broker_url,
+            )
+        )
         return Response(
             generate_latest(REGISTRY) + generate_latest(state), media_type=CONTENT_TYPE_LATEST
         )
@@ -320,8 +326,8 @@ def build(app: SagaApp) -> FastAPI:
         """Sagas, newest first; ``stuck=true``: active ones with no change for
         ``SAGA_STUCK_AFTER`` seconds, longest idle first, each with ``idle_seconds``.
         The other filters apply to both."""
-        from saga_tasks.ops.operator import stuck as find_stuck
         from saga_tasks.ops.views import list_view
+        from saga_tasks.ops.views import stuck as find_stuck
 
         if saga_type is not None:
             app.registry.latest(saga_type)
@@ -379,7 +385,7 @@ def build(app: SagaApp) -> FastAPI:
         """Messages taken off the dead-letter queue or the parking lot."""
         import uuid
 
-        from saga_tasks.ops.operator import held_list
+        from saga_tasks.ops.views import held_list
 
         if saga_id is not None:
             try:
@@ -395,7 +401,7 @@ def build(app: SagaApp) -> FastAPI:
     @web.get("/held/{held_id}", tags=["held messages"])
     def held_message(held_id: Annotated[int, Path(ge=1, le=2**62)]) -> dict[str, Any]:
         """One held message, with the checks a replay would run now."""
-        from saga_tasks.ops.operator import held_show
+        from saga_tasks.ops.views import held_show
 
         try:
             return held_show(app, held_id)
@@ -410,13 +416,11 @@ def build(app: SagaApp) -> FastAPI:
         who: Annotated[str, Depends(actor)],
     ) -> dict[str, Any]:
         """Replay (after its checks) or discard a held message, audited with the token's actor."""
-        from saga_tasks.ops.operator import held_show
-        from saga_tasks.runtime.holding import discard, replay
+        from saga_tasks.ops.views import held_show
 
         try:
             if verb == "replay":
-                replay(
-                    app,
+                app.replayer.replay(
                     held_id,
                     actor=who,
                     reason=body.reason,
@@ -425,7 +429,7 @@ def build(app: SagaApp) -> FastAPI:
                     expect_version=body.expect_version,
                 )
             else:
-                discard(app, held_id, actor=who, reason=body.reason)
+                app.replayer.discard(held_id, actor=who, reason=body.reason)
         except ActionRefused:
             raise
         except InputError as exc:

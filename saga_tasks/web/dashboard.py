@@ -18,12 +18,12 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from sqlalchemy import func, select, text
 
 from saga_tasks.app import SagaApp
 from saga_tasks.core.states import SagaStatus
+from saga_tasks.persistence import samples
+from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
-from saga_tasks.persistence.tables import held_message, saga_instance
 
 HERE = Path(__file__).parent
 STATUS_ORDER = [s.value for s in SagaStatus]
@@ -49,8 +49,7 @@ def mount(web: FastAPI, app: SagaApp) -> None:
         business_key: Annotated[str | None, Query(max_length=200)] = None,
         hours: Annotated[int, Query(ge=1, le=168)] = 6,
     ) -> HTMLResponse:
-        from saga_tasks.ops.operator import stuck
-        from saga_tasks.ops.views import list_view
+        from saga_tasks.ops.views import list_view, stuck
 
         known_type = saga_type if saga_type in {d.saga_type for d in app.registry} else None
         recent = list_view(
@@ -91,59 +90,34 @@ def mount(web: FastAPI, app: SagaApp) -> None:
     def held_page(holding: str = "dead_letter", status: str = "pending") -> HTMLResponse:
         holding = holding if holding in ("dead_letter", "parking") else "dead_letter"
         status = status if status in ("pending", "replayed", "discarded", "all") else "pending"
-        stmt = (
-            select(
-                held_message, saga_instance.c.saga_type, saga_instance.c.status.label("saga_status")
-            )
-            .select_from(
-                held_message.outerjoin(
-                    saga_instance, saga_instance.c.saga_id == held_message.c.saga_id
-                )
-            )
-            .where(held_message.c.holding == holding)
-            .order_by(held_message.c.id.desc())
-            .limit(200)
-        )
-        if status != "all":
-            stmt = stmt.where(held_message.c.status == status)
         with translated(app.settings.database_url), app.engine.connect() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(stmt)]
+            rows = status_sql.held_with_sagas(
+                conn, holding, None if status == "all" else status, 200
+            )
         return page("held.html", rows=rows, holding=holding, status=status, held=_held_counts(app))
 
 
 def _counts(app: SagaApp) -> dict[str, int]:
     with translated(app.settings.database_url), app.engine.connect() as conn:
-        rows = conn.execute(
-            select(saga_instance.c.status, func.count()).group_by(saga_instance.c.status)
-        ).all()
+        counted = status_sql.counts_by_status(conn)
     found = dict.fromkeys(STATUS_ORDER, 0)
-    found.update(dict(rows))
+    found.update(counted)
     return found
 
 
 def _held_counts(app: SagaApp) -> dict[str, int]:
     with translated(app.settings.database_url), app.engine.connect() as conn:
-        rows = conn.execute(
-            select(held_message.c.holding, func.count())
-            .where(held_message.c.status == "pending")
-            .group_by(held_message.c.holding)
-        ).all()
-    return {"dead_letter": 0, "parking": 0} | dict(rows)
+        pending = status_sql.pending_held(conn)
+    return {"dead_letter": 0, "parking": 0} | pending
 
 
 def _chart(app: SagaApp, hours: int) -> dict[str, Any]:
     """Sagas started per time bucket over the last ``hours``, stacked by their status now."""
-    now = datetime.now(UTC)
+    now = app.clock.now()
     bucket = max(60, hours * 3600 // 36)
     since = now - timedelta(hours=hours)
     with translated(app.settings.database_url), app.engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT floor(extract(epoch FROM created_at) / :b)::bigint AS slot, status, "
-                "count(*) FROM saga.saga_instance WHERE created_at >= :since GROUP BY 1, 2"
-            ),
-            {"b": bucket, "since": since},
-        ).all()
+        rows = status_sql.started_by_slot(conn, bucket, since)
     first = int(since.timestamp() // bucket)
     last = int(now.timestamp() // bucket)
     slots: dict[int, dict[str, int]] = {s: {} for s in range(first, last + 1)}
@@ -186,8 +160,6 @@ def _status_history(app: SagaApp, hours: int) -> dict[str, Any]:
     """How many sagas were in each status over the last ``hours``, from beat's samples:
     a line per status (the large terminal counts and the small ones on one axis would
     hide the small ones, so each line has its own scale and says its range)."""
-    from saga_tasks.persistence import samples
-
     now = app.clock.now()
     since = now - timedelta(hours=hours)
     with translated(app.settings.database_url), app.engine.connect() as conn:

@@ -88,24 +88,19 @@ class SagaConsumer(ImmediateAckConsumer):
         headers = getattr(message, "headers", None)
         headers = headers if isinstance(headers, dict) else {}
         delivery = getattr(message, "delivery_info", None) or {}
-        saga_app = getattr(self.app, "saga_app", None)
+        parts = getattr(self.app, "saga_parts", None)
         fields = {
             "saga_id": storable.optional_text(headers.get("saga_id")),
             "message_id": storable.optional_text(headers.get("id")),
         }
         queue = None
         try:
-            if saga_app is None:
+            if parts is None:
                 raise ServiceUnavailable("saga app", "-", "worker has no saga app attached")
-            from saga_tasks.runtime.holding import park_raw
-
             body = getattr(message, "body", b"")
             properties = getattr(message, "properties", None) or {}
-            queue = saga_app.topology.queue_for(
-                delivery.get("exchange"), delivery.get("routing_key")
-            )
-            park_raw(
-                saga_app,
+            queue = parts.topology.queue_for(delivery.get("exchange"), delivery.get("routing_key"))
+            parts.holding.park_raw(
                 body=body if isinstance(body, bytes) else str(body).encode(),
                 headers=headers,
                 content_type=properties.get("content_type")
@@ -123,7 +118,7 @@ class SagaConsumer(ImmediateAckConsumer):
             return
         try:
             invalid.record(
-                saga_app.engine,
+                parts.engine(),
                 consumer=f"worker {getattr(self, 'hostname', '?')}",
                 reason=reason,
                 queue=queue,

@@ -26,23 +26,29 @@ the intake moves it into the database and tells its saga.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from celery.exceptions import Ignore, Reject
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Engine
 
 from saga_tasks.core.messages import H_SAGA_ID, OutboundMessage
 from saga_tasks.errors import InvalidMessage, PublishFailed, SagaTasksError, ServiceUnavailable
+from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import retry_queue
 from saga_tasks.observability import metrics
+from saga_tasks.persistence import redeliveries
 from saga_tasks.persistence.db import translated
-from saga_tasks.persistence.tables import redelivery
-from saga_tasks.runtime.holding import DEAD_LETTER, H_OUTAGE, PARKING, POISON, clean_headers, hold
-
-if TYPE_CHECKING:
-    from saga_tasks.app import SagaApp
+from saga_tasks.runtime.holding import (
+    DEAD_LETTER,
+    H_OUTAGE,
+    PARKING,
+    POISON,
+    Holding,
+    clean_headers,
+)
 
 log = logging.getLogger("saga_tasks.failures")
 
@@ -82,58 +88,63 @@ def _header_count(request: Any, header: str) -> int:
         return 0
 
 
-def _count_redelivery(app: SagaApp, consumer: str, message_id: str) -> int:
-    insert = pg_insert(redelivery).values(consumer=consumer, message_id=message_id, count=1)
-    upsert = insert.on_conflict_do_update(
-        constraint="pk_redelivery",
-        set_={"count": redelivery.c.count + 1, "last_at": insert.excluded.last_at},
-    ).returning(redelivery.c.count)
-    with translated(app.settings.database_url), app.engine.begin() as conn:
-        return int(conn.execute(upsert).scalar_one())
+@dataclass(frozen=True)
+class FailurePolicy:
+    """The failure table above, with what it needs: the database (redelivery counts), the
+    broker (retry copies) and the holding queues."""
 
+    engine: Callable[[], Engine]
+    publisher: Callable[[], Publisher]
+    holding: Holding
+    retry_delays: Sequence[int]
+    unknown_error_retries: int
+    poison_limit: int
 
-@contextmanager
-def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
-    """Run a task body under the failure table above."""
-    delivery = request.delivery_info or {}
-    settings = app.settings
-    if delivery.get("redelivered"):
+    @contextmanager
+    def guard(self, request: Any, queue: str) -> Iterator[None]:
+        """Run a task body under the failure table above."""
+        delivery = request.delivery_info or {}
+        if delivery.get("redelivered"):
+            try:
+                count = self._count_redelivery(queue, request.id)
+            except ServiceUnavailable as exc:
+                self._outage(request, queue, exc)
+                raise Ignore() from exc  # acked: the copy sent back is what remains
+            if count > self.poison_limit:
+                reason = f"{POISON}redelivered {count} times, its worker died each time"
+                log.error("dead-lettering a poison message: %s", reason, extra=_fields(request))
+                self.holding.hold(
+                    _message(request, queue),
+                    holding=DEAD_LETTER,
+                    reason=reason,
+                    from_queue=queue,
+                    worker_deaths=count,
+                )
+                raise Ignore()  # acked: the copy in the dead-letter queue is what remains
         try:
-            count = _count_redelivery(app, queue, request.id)
-        except ServiceUnavailable as exc:
-            _outage(app, request, queue, exc)
-            raise Ignore() from exc  # acked: the copy sent back is what remains
-        if count > settings.poison_limit:
-            reason = f"{POISON}redelivered {count} times, its worker died each time"
-            log.error("dead-lettering a poison message: %s", reason, extra=_fields(request))
-            hold(
-                app,
-                _message(request, queue),
-                holding=DEAD_LETTER,
-                reason=reason,
-                from_queue=queue,
-                worker_deaths=count,
+            yield
+        except (Parked, InvalidMessage) as parked:
+            self.holding.hold(
+                _message(request, queue), holding=PARKING, reason=parked.reason, from_queue=queue
             )
-            raise Ignore()  # acked: the copy in the dead-letter queue is what remains
-    try:
-        yield
-    except (Parked, InvalidMessage) as parked:
-        hold(app, _message(request, queue), holding=PARKING, reason=parked.reason, from_queue=queue)
-        log.warning("message parked: %s", parked.reason, extra=_fields(request))
-    except ServiceUnavailable as exc:
-        _outage(app, request, queue, exc)
-    except Exception as exc:
+            log.warning("message parked: %s", parked.reason, extra=_fields(request))
+        except ServiceUnavailable as exc:
+            self._outage(request, queue, exc)
+        except Exception as exc:  # noqa: BLE001 - every failure has a row in the table above
+            self._retry_or_dead_letter(request, queue, exc)
+
+    def _retry_or_dead_letter(self, request: Any, queue: str, exc: Exception) -> None:
         retries = _header_count(request, H_RETRY)
         retryable = isinstance(exc, SagaTasksError) and exc.retryable
-        limit = len(settings.retry_delays) if retryable else settings.unknown_error_retries
+        limit = len(self.retry_delays) if retryable else self.unknown_error_retries
         what = (
             f"{type(exc).__name__}: {exc}"
             if isinstance(exc, SagaTasksError)
             else type(exc).__name__
         )
         if retries < limit:
-            delay = settings.retry_delays[min(retries, len(settings.retry_delays) - 1)]
-            error = _send_back(app, request, queue, delay=delay, extra={H_RETRY: retries + 1})
+            delay = self.retry_delays[min(retries, len(self.retry_delays) - 1)]
+            error = self._send_back(request, queue, delay=delay, extra={H_RETRY: retries + 1})
             if error is not None:
                 raise Reject(str(error), requeue=True) from exc
             log.warning(
@@ -147,68 +158,64 @@ def failure_policy(app: SagaApp, request: Any, queue: str) -> Iterator[None]:
             return
         reason = f"retries exhausted ({retries}) after {what}"
         log.error("dead-lettering: %s", reason, extra=_fields(request))
-        hold(app, _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue)
+        self.holding.hold(
+            _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue
+        )
+
+    def _count_redelivery(self, consumer: str, message_id: str) -> int:
+        engine = self.engine()
+        with translated(engine.url), engine.begin() as conn:
+            return redeliveries.count(conn, consumer, message_id)
+
+    def _send_back(
+        self, request: Any, queue: str, *, delay: int, extra: dict[str, Any]
+    ) -> PublishFailed | None:
+        """Publish a copy of the message to ``queue``'s retry tier of ``delay`` seconds
+        (confirmed), back in ``queue`` after the delay; the caller then acks the original.
+        The broker's error if it refused the copy: only then is the original handed back
+        to it (``Reject(requeue=True)``), as nothing else can keep it."""
+        target = retry_queue(queue, delay)
+        copy = _message(request, target, extra)
+        result = self.publisher().publish(
+            [OutboundMessage(**{**copy.__dict__, "routing_key": target})]
+        )
+        if result.error is not None:
+            log.error("could not send the message back: %s", result.error, extra=_fields(request))
+        return result.error
+
+    def _outage(self, request: Any, queue: str, exc: ServiceUnavailable) -> None:
+        """Our database is away (refused, lost, or a lock or statement timeout): send a copy
+        of the message back through a delay tier and ack the original.
+
+        An outage is nobody's message's fault, so it must spend none of the message's
+        budgets. Handing the message back to the broker would: ``basic.reject``/``nack``
+        with requeue sets ``redelivered`` (our poison counter counts that) and, on a quorum
+        queue, counts toward ``x-delivery-limit`` (RabbitMQ 3.10 counts every return:
+        requeue and a closed channel alike), so a few pauses dead-letter it. Keeping the
+        message unacked in the worker until the database answers is no way out either: a
+        long outage outlasts ``consumer_timeout`` (or, with the solo pool, the heartbeat)
+        and the broker takes the message back, counted. A copy published with
+        confirmation is a new delivery: not redelivered, delivery count 0, our retry count
+        (``saga_retry``) unchanged. The delay grows with each outage hop (``saga_outage``)
+        up to the last tier, so a long outage costs one delivery a tier, not a hot loop.
+        If the worker dies between the confirm and the ack, the consumer's inbox or
+        ledger takes the duplicate, as for any retry.
+        """
+        hops = _header_count(request, H_OUTAGE)
+        delays = self.retry_delays
+        delay = delays[min(hops, len(delays) - 1)]
+        error = self._send_back(request, queue, delay=delay, extra={H_OUTAGE: hops + 1})
+        if error is not None:
+            raise Reject(str(error), requeue=True) from exc
+        metrics.MESSAGES.labels(consumer=queue, classification="outage_deferred").inc()
+        log.warning(
+            "%s; the message comes back in %d s "
+            "(outage hop %d; not counted as a retry or a delivery)",
+            exc,
+            delay,
+            hops + 1,
+            extra=_fields(request),
+        )
 
 
-def _send_back(
-    app: SagaApp, request: Any, queue: str, *, delay: int, extra: dict[str, Any]
-) -> PublishFailed | None:
-    """Publish a copy of the message to ``queue``'s retry tier of ``delay`` seconds
-    (confirmed), back in ``queue`` after the delay; the caller then acks the original.
-    The broker's error if it refused the copy: only then is the original handed back
-    to it (``Reject(requeue=True)``), as nothing else can keep it."""
-    target = retry_queue(queue, delay)
-    copy = _message(request, target, extra)
-    result = app.publisher.publish([OutboundMessage(**{**copy.__dict__, "routing_key": target})])
-    if result.error is not None:
-        log.error("could not send the message back: %s", result.error, extra=_fields(request))
-    return result.error
-
-
-def _outage(app: SagaApp, request: Any, queue: str, exc: ServiceUnavailable) -> None:
-    """Our database is away (refused, lost, or a lock or statement timeout): send a copy
-    of the message back through a delay tier and ack the original.
-
-    An outage is nobody's message's fault, so it must spend none of the message's
-    budgets. Handing the message back to the broker would: ``basic.reject``/``nack``
-    with requeue sets ``redelivered`` (our poison counter counts that) and, on a quorum
-    queue, counts toward ``x-delivery-limit`` (RabbitMQ 3.10 counts every return:
-    requeue and a closed channel alike), so a few pauses dead-letter it. Keeping the
-    message unacked in the worker until the database answers is no way out either: a
-    long outage outlasts ``consumer_timeout`` (or, with the solo pool, the heartbeat)
-    and the broker takes the message back, counted. A copy published with
-    confirmation is a new delivery: not redelivered, delivery count 0, our retry count
-    (``saga_retry``) unchanged. The delay grows with each outage hop (``saga_outage``)
-    up to the last tier, so a long outage costs one delivery a tier, not a hot loop.
-    If the worker dies between the confirm and the ack, the consumer's inbox or
-    ledger takes the duplicate, as for any retry.
-    """
-    hops = _header_count(request, H_OUTAGE)
-    delays = app.settings.retry_delays
-    delay = delays[min(hops, len(delays) - 1)]
-    error = _send_back(app, request, queue, delay=delay, extra={H_OUTAGE: hops + 1})
-    if error is not None:
-        raise Reject(str(error), requeue=True) from exc
-    metrics.MESSAGES.labels(consumer=queue, classification="outage_deferred").inc()
-    log.warning(
-        "%s; the message comes back in %d s (outage hop %d; not counted as a retry or a delivery)",
-        exc,
-        delay,
-        hops + 1,
-        extra=_fields(request),
-    )
-
-
-def forget_redeliveries(app: SagaApp, older_than_seconds: float = 86400.0) -> int:
-    """Drop old redelivery counts (housekeeping); the number removed."""
-    from sqlalchemy import delete, func, text
-
-    stmt = delete(redelivery).where(
-        redelivery.c.last_at
-        < func.now() - text("make_interval(secs => :s)").bindparams(s=older_than_seconds)
-    )
-    with translated(app.settings.database_url), app.engine.begin() as conn:
-        return int(conn.execute(stmt).rowcount)
-
-
-__all__ = ["H_OUTAGE", "H_RETRY", "Parked", "failure_policy", "forget_redeliveries"]
+__all__ = ["H_OUTAGE", "H_RETRY", "FailurePolicy", "Parked"]

@@ -117,7 +117,6 @@ def test_one_trace_per_saga_across_processes(settings, workers, tmp_path):
         stored = scalar(app.engine, "SELECT traceparent FROM saga.saga_instance")
         assert tracing.trace_id(stored) == "ab" * 16
     finally:
-        tracing.configure("off")
         app.close()
 
 
@@ -154,7 +153,6 @@ def test_alerts_go_out_once_per_saga_and_channel(order_app, settings, webhook):
     from dataclasses import replace
 
     from saga_tasks import SagaApp
-    from saga_tasks.observability.alerts import scan
 
     url, hook = webhook
     app = SagaApp(
@@ -175,10 +173,10 @@ def test_alerts_go_out_once_per_saga_and_channel(order_app, settings, webhook):
         conn.execute(text("UPDATE saga.saga_instance SET updated_at = now() - interval '5 minutes' WHERE saga_id = :s"),
                      {"s": stuck.saga_id})  # fmt: skip
     hook.fail = True
-    assert scan(app) == 2  # the log channel; the webhook failed and will be tried again
+    assert app.alerts.scan() == 2  # the log channel; the webhook failed and will be tried again
     hook.fail = False
-    assert scan(app) == 2  # now the webhook
-    assert scan(app) == 0  # and never again
+    assert app.alerts.scan() == 2  # now the webhook
+    assert app.alerts.scan() == 0  # and never again
     by_saga = {a["saga_id"]: a for a in hook.received}
     assert (
         by_saga[stuck.saga_id]["condition"] == "stuck"
@@ -191,12 +189,12 @@ def test_alerts_go_out_once_per_saga_and_channel(order_app, settings, webhook):
     idle = "UPDATE saga.saga_instance SET updated_at = now() - make_interval(secs => :i) WHERE saga_id = :s"
     with order_app.engine.begin() as conn:
         conn.execute(text(idle), {"s": stuck.saga_id, "i": 0})
-    assert scan(app) == 0
+    assert app.alerts.scan() == 0
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.alert_sent WHERE saga_id = :s",
                   s=stuck.saga_id) == 0  # fmt: skip
     with order_app.engine.begin() as conn:
         conn.execute(text(idle), {"s": stuck.saga_id, "i": 600})
-    assert scan(app) == 2
+    assert app.alerts.scan() == 2
     assert [a["condition"] for a in hook.received if a["saga_id"] == stuck.saga_id] == [
         "stuck",
         "stuck",
@@ -239,7 +237,7 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
     from kombu import Connection
 
     from saga_tasks.core.messages import H_KIND, H_SAGA_ID, H_STEP
-    from saga_tasks.runtime.holding import DEAD_LETTER, intake
+    from saga_tasks.runtime.holding import DEAD_LETTER
 
     with Connection(settings.broker_url) as conn:
         conn.Producer().publish(
@@ -254,7 +252,7 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
             },
             declare=[],
         )
-    assert intake(order_app, DEAD_LETTER).taken == 1
+    assert order_app.intake.take(DEAD_LETTER).taken == 1
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path="/usr/bin/chromium",

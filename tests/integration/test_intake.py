@@ -8,7 +8,7 @@ from sqlalchemy import text
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.runtime import invalid
-from saga_tasks.runtime.holding import DEAD_LETTER, PARKING, intake, park_raw, replay_checks
+from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import queue_depths, wait_for
 from tests.integration.helpers import rows
 from tests.integration.test_operators import events, reject_one, to_reserve
@@ -52,7 +52,7 @@ def test_a_held_message_with_a_nul_in_its_headers_is_stored_escaped_not_left_fir
     handle = to_reserve(app, url, "nul-behind")
     reject_one(url, "inventory.commands")  # a good dead letter behind the bad one
 
-    report = intake(app, DEAD_LETTER)
+    report = app.intake.take(DEAD_LETTER)
 
     assert (report.taken, report.recorded, report.fed_to_sagas) == (2, 2, 1)
     assert queue_depths(url, ["saga.dead_letter"]) == {"saga.dead_letter": 0}
@@ -66,7 +66,7 @@ def test_a_held_message_with_a_nul_in_its_headers_is_stored_escaped_not_left_fir
     assert str(good["saga_id"]) == handle.saga_id and good["step"] == "reserve_stock"
     assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPENSATING
     # Taken once: a second pass finds nothing and records nothing twice.
-    assert intake(app, DEAD_LETTER).taken == 0 and len(held(app)) == 2
+    assert app.intake.take(DEAD_LETTER).taken == 0 and len(held(app)) == 2
 
 
 def test_a_dead_letter_for_an_unloaded_definition_version_is_held_and_the_rest_goes_on(
@@ -83,7 +83,7 @@ def test_a_dead_letter_for_an_unloaded_definition_version_is_held_and_the_rest_g
     other = to_reserve(app, url, "v-other")
     reject_one(url, "inventory.commands")
 
-    report = intake(app, DEAD_LETTER)
+    report = app.intake.take(DEAD_LETTER)
 
     assert (report.taken, report.recorded, report.fed_to_sagas) == (2, 2, 1)
     assert queue_depths(url, ["saga.dead_letter"]) == {"saga.dead_letter": 0}
@@ -98,11 +98,11 @@ def test_a_dead_letter_for_an_unloaded_definition_version_is_held_and_the_rest_g
 
 def test_a_parked_message_with_nul_everywhere_is_stored_escaped(order_app, settings):
     app = order_app
-    park_raw(app, body=b"{broken", headers={"task": f"orders.{NUL}", "id": f"p{NUL}",
+    app.holding.park_raw(body=b"{broken", headers={"task": f"orders.{NUL}", "id": f"p{NUL}",
              "saga_id": f"{NUL}", "odd": [f"{NUL}", {f"k{NUL}": b"\xff\x00"}]},
              content_type=f"application/{NUL}json", content_encoding="utf-8",
              reason=f"undecodable body: {NUL}", from_queue="orders.commands")  # fmt: skip
-    assert intake(app, PARKING).recorded == 1
+    assert app.intake.take(PARKING).recorded == 1
     (parked,) = held(app, PARKING)
     assert parked["message_id"] == "p\\x00" and parked["content_type"] == "application/\\x00json"
     assert parked["reason"].startswith("undecodable body: \\x00")
@@ -172,4 +172,4 @@ def test_a_worker_records_parks_and_acks_a_message_with_a_nul_in_its_task_name(
 
 def _checks(app, row):
     with app.engine.connect() as conn:
-        return replay_checks(app, conn, row)
+        return app.replayer.checks(conn, row)

@@ -12,8 +12,9 @@ from sqlalchemy import text
 
 from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused, InputError, VersionMismatch
-from saga_tasks.ops.operator import act, held_list, held_show, stuck
-from saga_tasks.runtime.holding import DEAD_LETTER, PARKING, discard, intake, park_raw, replay
+from saga_tasks.ops.operator import act
+from saga_tasks.ops.views import held_list, held_show, stuck
+from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import queue_depths
 from tests.conftest import build_order_app
 from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
@@ -53,7 +54,7 @@ def test_a_dead_letter_is_recorded_against_its_saga_and_compensates_it(order_app
     handle = to_reserve(app, url, "d-1")
     reject_one(url, "inventory.commands")
     assert queue_depths(url, ["saga.dead_letter"])["saga.dead_letter"] == 1
-    report = intake(app, DEAD_LETTER)
+    report = app.intake.take(DEAD_LETTER)
     assert (report.taken, report.recorded, report.fed_to_sagas) == (1, 1, 1)
     (held,) = held_list(app, DEAD_LETTER)["messages"]
     assert held["saga_id"] == handle.saga_id
@@ -76,7 +77,7 @@ def test_a_dead_letter_is_recorded_against_its_saga_and_compensates_it(order_app
     assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPENSATED
     assert ("dead_lettered", "system") in events(app, handle.saga_id)
     # The intake is idempotent: nothing is left, nothing is recorded twice.
-    assert intake(app, DEAD_LETTER).taken == 0
+    assert app.intake.take(DEAD_LETTER).taken == 0
     from saga_tasks.ops.views import saga_view
 
     assert [m["id"] for m in saga_view(app, handle.saga_id)["held_messages"]] == [held["id"]]
@@ -86,7 +87,7 @@ def test_replay_is_refused_when_unsafe_forced_with_a_reason_and_has_one_effect(o
     app, url = order_app, settings.broker_url
     handle = to_reserve(app, url, "d-2")
     reject_one(url, "inventory.commands")
-    intake(app, DEAD_LETTER)
+    app.intake.take(DEAD_LETTER)
     pump(app, url)  # compensated: release ran first and left a tombstone for the reserve
     (held,) = held_list(app, DEAD_LETTER)["messages"]
     checks = {c["check"]: c for c in held_show(app, held["id"])["replay_checks"]}
@@ -94,16 +95,18 @@ def test_replay_is_refused_when_unsafe_forced_with_a_reason_and_has_one_effect(o
     assert checks["late"]["blocks"] and checks["effect"]["blocks"]
     assert "tombstone" in checks["effect"]["finding"]
     with pytest.raises(ActionRefused, match=r"replay refused: .*the saga is COMPENSATED"):
-        replay(app, held["id"], actor="ana", reason="looks stuck")
+        app.replayer.replay(held["id"], actor="ana", reason="looks stuck")
     with pytest.raises(InputError, match="force-reason"):
-        replay(app, held["id"], actor="ana", reason="again", force=True)
-    result = replay(app, held["id"], actor="ana", reason="prove it is harmless", force=True,
+        app.replayer.replay(held["id"], actor="ana", reason="again", force=True)
+    result = app.replayer.replay(held["id"], actor="ana", reason="prove it is harmless", force=True,
                     force_reason="the tombstone refuses it")  # fmt: skip
     assert result.forced
     pump(app, url)
     with pytest.raises(ActionRefused, match="already replayed by ana"):
-        replay(app, held["id"], actor="bo", reason="once more")
-    replay(app, held["id"], actor="bo", reason="twice", force=True, force_reason="one effect")
+        app.replayer.replay(held["id"], actor="bo", reason="once more")
+    app.replayer.replay(
+        held["id"], actor="bo", reason="twice", force=True, force_reason="one effect"
+    )
     pump(app, url)
     engine = app.engine
     assert scalar(engine, "SELECT count(*) FROM inventory.reservation") == 0
@@ -124,15 +127,19 @@ def test_a_safe_replay_resumes_a_saga_waiting_for_a_person(settings):
     try:
         handle = to_reserve(app, url, "d-3")
         reject_one(url, "inventory.commands")
-        intake(app, DEAD_LETTER)
+        app.intake.take(DEAD_LETTER)
         state = app.orchestrator.get(handle.saga_id)
         assert state.status is SagaStatus.MANUAL_REVIEW
         assert state.steps["reserve_stock"].status is StepStatus.REQUESTED
         (held,) = held_list(app, DEAD_LETTER)["messages"]
         assert not [c for c in held_show(app, held["id"])["replay_checks"] if c["blocks"]]
         with pytest.raises(VersionMismatch):
-            replay(app, held["id"], actor="ana", reason="fixed", expect_version=state.version - 1)
-        replay(app, held["id"], actor="ana", reason="inventory fixed", expect_version=state.version)
+            app.replayer.replay(
+                held["id"], actor="ana", reason="fixed", expect_version=state.version - 1
+            )
+        app.replayer.replay(
+            held["id"], actor="ana", reason="inventory fixed", expect_version=state.version
+        )
         pump(app, url)
         assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED
         assert scalar(app.engine, "SELECT count(*) FROM inventory.reservation") == 1
@@ -257,10 +264,10 @@ def test_stuck_lists_active_sagas_that_did_not_move(order_app, settings):
 
 def test_parked_messages_are_held_and_discarded_with_a_reason(order_app, settings):
     app = order_app
-    park_raw(app, body=b"\x00garbage", headers={"task": "orders.create", "id": "p-1"},
+    app.holding.park_raw(body=b"\x00garbage", headers={"task": "orders.create", "id": "p-1"},
              content_type="application/json", content_encoding="utf-8",
              reason="undecodable body: test", from_queue="orders.commands")  # fmt: skip
-    assert intake(app, PARKING).recorded == 1
+    assert app.intake.take(PARKING).recorded == 1
     (parked,) = held_list(app, PARKING)["messages"]
     assert (
         parked["reason"] == "undecodable body: test"
@@ -268,11 +275,11 @@ def test_parked_messages_are_held_and_discarded_with_a_reason(order_app, setting
     )
     shown = held_show(app, parked["id"])
     assert any(c["check"] == "parked" and c["blocks"] for c in shown["replay_checks"])
-    discard(app, parked["id"], actor="ana", reason="test garbage")
+    app.replayer.discard(parked["id"], actor="ana", reason="test garbage")
     assert held_list(app, PARKING)["count"] == 0
     assert held_list(app, PARKING, status="discarded")["messages"][0]["resolved_by"] == "ana"
     with pytest.raises(ActionRefused, match="already discarded"):
-        discard(app, parked["id"], actor="ana", reason="again")
+        app.replayer.discard(parked["id"], actor="ana", reason="again")
 
 
 def test_a_refused_compensation_retried_by_an_operator_runs_again(order_app, settings):

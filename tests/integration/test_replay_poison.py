@@ -13,8 +13,8 @@ from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.messaging.topology import QUORUM_DELIVERY_LIMIT
-from saga_tasks.ops.operator import held_list, held_show
-from saga_tasks.runtime.holding import DEAD_LETTER, intake, replay
+from saga_tasks.ops.views import held_list, held_show
+from saga_tasks.runtime.holding import DEAD_LETTER
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
 from tests.conftest import build_order_app
 from tests.integration.helpers import ORDER, drain, run_command, run_reply
@@ -46,7 +46,7 @@ def test_spent_transient_retries_are_not_poison_and_replay_without_force(setting
             describe="the command dead-lettered once its retries ran out",
         )
         # The intake of this process: its saga waits for a person on a dead letter.
-        intake(app, DEAD_LETTER)
+        app.intake.take(DEAD_LETTER)
         wait_for_status(app, handle.saga_id, [SagaStatus.MANUAL_REVIEW], timeout=10)
         held = only_held(app)
         assert held["reason"].startswith("retries exhausted (3) after TransientError")
@@ -55,7 +55,7 @@ def test_spent_transient_retries_are_not_poison_and_replay_without_force(setting
         assert "not poison" in checks["deaths"]["finding"]
         assert "3 retries" in checks["deaths"]["finding"]
         assert [c for c in checks.values() if c["blocks"]] == []
-        result = replay(app, held["id"], actor="ana", reason="payments is back")
+        result = app.replayer.replay(held["id"], actor="ana", reason="payments is back")
         assert result.replayed and not result.forced
     finally:
         app.close()
@@ -88,7 +88,7 @@ def test_a_message_re_sent_for_lost_worker_processes_is_poison(order_app, settin
         )
         channel.basic_reject(resent.delivery_tag, requeue=False)
         channel.close()
-    intake(app, DEAD_LETTER)
+    app.intake.take(DEAD_LETTER)
     held = only_held(app)
     assert held["reason"].startswith("poison: ")
     assert "3 re-sends for lost worker processes" in held["reason"]
@@ -121,7 +121,7 @@ def test_a_quorum_queue_s_delivery_limit_is_poison(settings):
             timeout=10,
             describe="the broker to dead-letter the command at its delivery limit",
         )
-        intake(app, DEAD_LETTER)
+        app.intake.take(DEAD_LETTER)
         held = only_held(app)
         assert str(held["saga_id"]) == handle.saga_id
         assert held["reason"].startswith("poison: delivery_limit")

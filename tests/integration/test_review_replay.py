@@ -11,8 +11,9 @@ from __future__ import annotations
 from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus, StepStatus
-from saga_tasks.ops.operator import act, held_list, held_show
-from saga_tasks.runtime.holding import DEAD_LETTER, intake, replay
+from saga_tasks.ops.operator import act
+from saga_tasks.ops.views import held_list, held_show
+from saga_tasks.runtime.holding import DEAD_LETTER
 from tests.integration.helpers import ORDER, drain, pump, run_command, run_reply
 from tests.integration.test_operators import reject_one
 
@@ -30,14 +31,16 @@ def test_the_dead_command_of_a_step_that_cannot_be_undone_can_be_replayed(order_
     app, url = order_app, settings.broker_url
     handle = to_confirm(app, url, "rv-1")
     reject_one(url, "orders.commands")  # confirm_order: no compensation
-    intake(app, DEAD_LETTER)
+    app.intake.take(DEAD_LETTER)
     state = app.orchestrator.get(handle.saga_id)
     assert state.status is SagaStatus.MANUAL_REVIEW, state.reason
     assert state.steps["confirm_order"].status is StepStatus.TIMED_OUT
     (held,) = held_list(app, DEAD_LETTER)["messages"]
     blocking = [c for c in held_show(app, held["id"])["replay_checks"] if c["blocks"]]
     assert not blocking, blocking
-    replay(app, held["id"], actor="ana", reason="orders fixed", expect_version=state.version)
+    app.replayer.replay(
+        held["id"], actor="ana", reason="orders fixed", expect_version=state.version
+    )
     pump(app, url)
     assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED
 
@@ -67,7 +70,7 @@ def test_a_dead_fence_is_awaited_and_can_be_replayed(order_app, settings):
         reason="reserved by hand", expect_version=state.version)  # fmt: skip
     assert app.flush()
     reject_the_last(url, "inventory.commands")  # the fence (inventory.release) dies
-    intake(app, DEAD_LETTER)
+    app.intake.take(DEAD_LETTER)
     state = app.orchestrator.get(handle.saga_id)
     assert state.status is SagaStatus.MANUAL_REVIEW, "a dead fence needs a person"
     assert "fence" in (state.reason or "")
@@ -75,7 +78,9 @@ def test_a_dead_fence_is_awaited_and_can_be_replayed(order_app, settings):
     assert held["task_name"] == "inventory.release"
     blocking = [c for c in held_show(app, held["id"])["replay_checks"] if c["blocks"]]
     assert not blocking, blocking
-    replay(app, held["id"], actor="ana", reason="the fence again", expect_version=state.version)
+    app.replayer.replay(
+        held["id"], actor="ana", reason="the fence again", expect_version=state.version
+    )
     pump(app, url)
     state = app.orchestrator.get(handle.saga_id)
     assert not state.steps["reserve_stock"].fencing

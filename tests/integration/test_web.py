@@ -252,7 +252,7 @@ def test_every_classification_timeout_and_backlog_shows_in_metrics(clocked_app, 
     from kombu import Connection
 
     from saga_tasks.core.messages import H_KIND, H_SAGA_ID, H_STEP
-    from saga_tasks.runtime.holding import DEAD_LETTER, intake
+    from saga_tasks.runtime.holding import DEAD_LETTER
 
     app, url = clocked_app, settings.broker_url
     with TestClient(create_web_app(app)) as client:
@@ -312,7 +312,7 @@ def test_every_classification_timeout_and_backlog_shows_in_metrics(clocked_app, 
         mid = _scrape(client)
         assert mid[("saga_queue_depth", (("queue", "saga.dead_letter"),))] == 1
         assert mid[("saga_outbox_lag_seconds", (("outbox", "saga.outbox"),))] >= 90
-        intake(app, DEAD_LETTER)
+        app.intake.take(DEAD_LETTER)
         after = _scrape(client)
 
     def history(event):
@@ -420,20 +420,18 @@ def test_counts_over_time_come_from_beats_samples(clocked_app, clock, settings):
     """Beat's samples of the counts by status are the dashboard's history of counts."""
     import re
 
-    from saga_tasks.worker.tasks import take_sample
-
     app = clocked_app
     with TestClient(create_web_app(app)) as client:
         assert "No samples yet" in client.get("/").text
         app.start_saga("order", "h-1", ORDER)
         app.start_saga("order", "h-2", {**ORDER, "customer_id": "c-low"})
-        assert take_sample(app) == 1  # one row: order, RUNNING
+        assert app.maintenance.sample_status() == 1  # one row: order, RUNNING
         clock.advance(60)
         pump(app, settings.broker_url)
-        assert take_sample(app) == 2  # COMPLETED and COMPENSATED
+        assert app.maintenance.sample_status() == 2  # COMPLETED and COMPENSATED
         clock.advance(60)
         app.start_saga("order", "h-3", ORDER)
-        assert take_sample(app) == 3
+        assert app.maintenance.sample_status() == 3
         page = client.get("/?hours=1").text
     lines = dict(re.findall(r'<g data-status="(\w+)" data-last="(\d+)">', page))
     assert lines == {"RUNNING": "1", "COMPLETED": "1", "COMPENSATED": "1"}
@@ -444,5 +442,5 @@ def test_counts_over_time_come_from_beats_samples(clocked_app, clock, settings):
     assert len(heights) == 3 and heights[1] > heights[2] > heights[0]
     # Samples older than SAGA_SAMPLE_KEEP are dropped when the next one is taken.
     clock.advance(app.settings.sample_keep + 1)
-    take_sample(app)
+    app.maintenance.sample_status()
     assert scalar(app.engine, "SELECT count(DISTINCT at) FROM saga.status_sample") == 1

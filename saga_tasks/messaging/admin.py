@@ -1,0 +1,122 @@
+"""The broker itself: vhosts, and what a queue holds or who consumes it."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from kombu import Connection
+
+from saga_tasks.config import mask_url
+from saga_tasks.errors import ServiceUnavailable
+
+
+@dataclass
+class RabbitAdmin:
+    """Vhosts and queue counts, through the management API or, without it, ``rabbitmqctl``."""
+
+    api: str = "http://127.0.0.1:15672/api"
+    user: str = "guest"
+    password: str = "guest"  # noqa: S105 - RabbitMQ's local default account
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.api}{path}", data=data, method=method)  # noqa: S310
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            payload = response.read()
+        return json.loads(payload) if payload else None
+
+    def available(self) -> bool:
+        try:
+            self._request("GET", "/overview")
+        except (urllib.error.URLError, OSError):
+            return False
+        return True
+
+    def create_vhost(self, name: str) -> None:
+        if self.available():
+            self._request("PUT", f"/vhosts/{quote(name, safe='')}")
+            self._request(
+                "PUT",
+                f"/permissions/{quote(name, safe='')}/{self.user}",
+                {"configure": ".*", "write": ".*", "read": ".*"},
+            )
+            return
+        subprocess.run(["rabbitmqctl", "add_vhost", name], check=True, capture_output=True)
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", name, self.user, ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+        )
+
+    def delete_vhost(self, name: str) -> None:
+        if self.available():
+            with contextlib.suppress(urllib.error.HTTPError):
+                self._request("DELETE", f"/vhosts/{quote(name, safe='')}")
+            return
+        subprocess.run(["rabbitmqctl", "delete_vhost", name], check=False, capture_output=True)
+
+    def vhosts(self, prefix: str) -> list[str]:
+        if self.available():
+            return [
+                v["name"] for v in self._request("GET", "/vhosts") if v["name"].startswith(prefix)
+            ]
+        out = subprocess.run(
+            ["rabbitmqctl", "list_vhosts", "-q"], check=True, capture_output=True, text=True
+        ).stdout
+        return [line.strip() for line in out.splitlines() if line.strip().startswith(prefix)]
+
+
+def queue_depths(broker_url: str, queues: Sequence[str]) -> dict[str, int]:
+    """Ready messages per queue, read with passive declares over AMQP."""
+    depths: dict[str, int] = {}
+    with Connection(broker_url) as conn:
+        for name in queues:
+            channel: Any = conn.channel()
+            try:
+                _, count, _ = channel.queue_declare(queue=name, passive=True)
+                depths[name] = int(count)
+            finally:
+                channel.close()
+    return depths
+
+
+def consumed(broker_url: str, queues: Sequence[str]) -> bool:
+    """True when every queue exists and has at least one consumer."""
+    with Connection(broker_url, connect_timeout=3) as conn:
+        for name in queues:
+            channel: Any = conn.channel()
+            try:
+                _, _, consumers = channel.queue_declare(queue=name, passive=True)
+            except Exception:  # noqa: BLE001 - not declared yet: not consumed
+                return False
+            finally:
+                channel.close()
+            if not consumers:
+                return False
+    return True
+
+
+def check_broker(url: str) -> None:
+    """Raise ``ServiceUnavailable`` unless RabbitMQ accepts a connection at ``url``."""
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+    except Exception as exc:
+        raise ServiceUnavailable("RabbitMQ", mask_url(url), _first_line(exc)) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

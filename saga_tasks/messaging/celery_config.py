@@ -1,0 +1,83 @@
+"""The Celery app of a deployment, configured from its settings and topology.
+
+Every process of a deployment builds the same configuration: the same queues, the
+same acknowledgement rules (late acks, no ack on failure: the failure policy decides),
+publisher confirms, and one beat at a time (a lease in Redis).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from celery import Celery
+
+from saga_tasks.config import Settings, mask_url
+from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, Topology
+
+CONSUMER = "saga_tasks.worker.consumer:SagaConsumer"
+"""The worker's consumer: parks what cannot even be decoded instead of dropping it."""
+
+
+def celery_app(name: str, settings: Settings, topology: Topology) -> Celery:
+    """A Celery app with no tasks yet (``saga_tasks.worker`` registers them)."""
+    celery = Celery(name, set_as_current=False)
+    celery.conf.update(celery_conf(settings, topology))
+    return celery
+
+
+def celery_conf(settings: Settings, topology: Topology) -> dict[str, Any]:
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"confirm_publish": True},
+        "task_queues": topology.work_queues(),
+        "task_default_queue": MAINTENANCE_QUEUE,
+        "task_create_missing_queues": False,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_acks_on_failure": False,
+        "task_acks_on_timeout": True,
+        "task_reject_on_worker_lost": False,
+        # A lost prefork child: the message is sent again, at most max_retries times,
+        # then dead-lettered (acks_on_failure=False): bounded, never a loop.
+        "task_retry_on_worker_lost": True,
+        "task_track_started": False,
+        "worker_prefetch_multiplier": settings.prefetch_multiplier,
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_consumer": CONSUMER,
+        "worker_hijack_root_logger": False,
+        # One active beat at a time: a lease in Redis; a standby beat takes over once the
+        # lease of a dead one runs out (celery-redbeat).
+        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "redbeat_redis_url": settings.result_backend,
+        "redbeat_key_prefix": beat_key_prefix(settings),
+        # Settings refuse a lease shorter than a few of these sleeps (BEAT_LEASE_MARGIN).
+        "redbeat_lock_timeout": settings.beat_lease,
+        "beat_max_loop_interval": settings.beat_max_interval,
+    }
+
+
+def beat_key_prefix(settings: Settings) -> str:
+    """Redis key prefix of this deployment's beat: a digest of its database and vhost,
+    so deployments (and test runs) sharing one Redis never share a schedule or a lease."""
+    seed = f"{mask_url(settings.database_url)}|{mask_url(settings.broker_url)}"
+    return f"saga_tasks:beat:{hashlib.sha256(seed.encode()).hexdigest()[:12]}:"
+
+
+def forget_beat_state(settings: Settings) -> int:
+    """Delete this deployment's beat schedule and lease from Redis; the count deleted."""
+    import redis
+
+    client = redis.Redis.from_url(settings.result_backend)
+    try:
+        keys = list(client.scan_iter(match=beat_key_prefix(settings) + "*", count=500))
+        return int(client.delete(*keys)) if keys else 0
+    finally:
+        client.close()

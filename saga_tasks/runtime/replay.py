@@ -1,0 +1,301 @@
+"""Operators replay or discard held messages.
+
+A replay first runs the checks an incident review asks for (the saga's state, the
+message's kind and age, its failure reason and death count, whether it is a duplicate
+or late, whether its effect already happened) and refuses when one fails, unless forced
+with a reason of its own. A replay publishes the stored message again under its own
+message id, so consumers deduplicate: replaying twice has one effect.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Engine, Table
+
+from saga_tasks.core.clock import Clock
+from saga_tasks.core.decider import replay_awaits
+from saga_tasks.core.events import OperatorAction, OperatorVerb
+from saga_tasks.core.messages import H_COMMAND_ID, OutboundMessage
+from saga_tasks.core.model import SagaState
+from saga_tasks.core.states import TERMINAL_SAGA, MessageKind
+from saga_tasks.errors import ActionRefused, InputError
+from saga_tasks.messaging.publisher import Publisher
+from saga_tasks.persistence import held as held_sql
+from saga_tasks.persistence import sagas
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.tables import saga_outbox
+from saga_tasks.runtime.holding import (
+    DEAD_LETTER,
+    H_REPLAYED_FROM,
+    H_STORED_ESCAPED,
+    PARKING,
+    POISON,
+    clean_headers,
+    header_count,
+)
+from saga_tasks.runtime.outlet import deliver
+
+log = logging.getLogger("saga_tasks.runtime.replay")
+
+
+class ActIn(Protocol):
+    """The orchestrator's operator action inside the caller's transaction."""
+
+    def __call__(
+        self,
+        conn: Connection,
+        saga_id: str,
+        action: OperatorAction,
+        *,
+        expect_version: int | None,
+    ) -> tuple[list[OutboundMessage], SagaState]: ...
+
+
+@dataclass(frozen=True)
+class Check:
+    """One replay pre-check: what was looked at, what was found, whether it blocks."""
+
+    name: str
+    finding: str
+    blocks: bool
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    held_id: int
+    replayed: bool
+    forced: bool
+    checks: Sequence[Check]
+
+
+class Replayer:
+    """Replays and discards held messages, on record, after the checks."""
+
+    def __init__(
+        self,
+        *,
+        engine: Callable[[], Engine],
+        publisher: Callable[[], Publisher],
+        act_in: ActIn,
+        ledgers: Mapping[str, Table],
+        max_age: float,
+        clock: Clock,
+    ) -> None:
+        self._engine = engine
+        self._publisher = publisher
+        self._act_in = act_in
+        self.ledgers = ledgers
+        """Each participant's command ledger by participant name (the effect check)."""
+        self.max_age = max_age
+        self.clock = clock
+
+    def checks(self, conn: Connection, row: Mapping[str, Any]) -> list[Check]:
+        """The checks a replay must pass; see the module docstring."""
+        checks: list[Check] = []
+        if row["status"] != "pending":
+            checks.append(
+                Check(
+                    "status",
+                    f"already {row['status']} by {row['resolved_by']} at {row['resolved_at']}",
+                    True,
+                )
+            )
+        checks.append(Check("failure", f"held because: {row['reason']}", False))
+        stored_as = (row["headers"] or {}).get(H_STORED_ESCAPED)
+        if stored_as:
+            checks.append(
+                Check(
+                    "stored",
+                    f"stored escaped ({stored_as}): a replay would send that, not what arrived",
+                    True,
+                )
+            )
+        if not row["original_queue"]:
+            checks.append(Check("destination", "its original queue is unknown", True))
+        if row["holding"] == PARKING:
+            checks.append(
+                Check(
+                    "parked", "a parked message made no sense once; fix the cause, then force", True
+                )
+            )
+        age = (self.clock.now() - row["received_at"]).total_seconds()
+        checks.append(Check("age", f"held for {age / 3600:.1f} h", age > self.max_age))
+        checks.append(_deaths(row))
+        saga_id = row["saga_id"]
+        if saga_id is None:
+            checks.append(Check("saga", "belongs to no known saga", row["holding"] == DEAD_LETTER))
+            return checks
+        state = sagas.load(conn, str(saga_id))
+        if state is None:
+            checks.append(Check("saga", f"saga {saga_id} no longer exists", True))
+            return checks
+        if state.status in TERMINAL_SAGA:
+            checks.append(Check("saga", f"the saga is {state.status.value}", True))
+        else:
+            checks.append(
+                Check("saga", f"the saga is {state.status.value}, version {state.version}", False)
+            )
+        kind, step = row["kind"], row["step"]
+        st = state.steps.get(step) if step else None
+        command_id = (row["headers"] or {}).get(H_COMMAND_ID)
+        if kind == MessageKind.REPLY.value:
+            seen = held_sql.reply_applied(conn, row["message_id"])
+            checks.append(
+                Check("duplicate", "the orchestrator already applied this reply", True)
+                if seen
+                else Check("duplicate", "the orchestrator has not applied this reply", False)
+            )
+        elif kind in (MessageKind.COMMAND.value, MessageKind.COMPENSATION.value) and st is not None:
+            awaited = replay_awaits(state, step, MessageKind(kind), command_id)
+            checks.append(
+                Check("late", f"step {step!r} awaits it: {awaited} ({st.status.value})", False)
+                if awaited
+                else Check("late", f"step {step!r} has moved on ({st.status.value})", True)
+            )
+            done = self._executed(conn, row["task_name"], command_id)
+            checks.append(
+                Check("effect", f"the participant already executed it ({done})", True)
+                if done
+                else Check("effect", "the participant has no record of it", False)
+            )
+        return checks
+
+    def _executed(
+        self, conn: Connection, task_name: str | None, command_id: str | None
+    ) -> str | None:
+        """What the participant that owns the task recorded for the command, if known here."""
+        if not task_name or not command_id:
+            return None
+        ledger = self.ledgers.get(task_name.split(".", 1)[0])
+        return None if ledger is None else held_sql.executed(conn, ledger, command_id)
+
+    def replay(
+        self,
+        held_id: int,
+        *,
+        actor: str,
+        reason: str,
+        force: bool = False,
+        force_reason: str | None = None,
+        expect_version: int | None = None,
+    ) -> ReplayResult:
+        """Publish a held message again to its original queue, if the checks allow it.
+
+        The replay is an operator action on the message's saga too: it is written to its
+        history, a saga in MANUAL_REVIEW resumes, and ``expect_version``, when given, must
+        be the saga's version.
+        """
+        _need(actor, reason)
+        if force and not (force_reason or "").strip():
+            raise InputError("a forced replay needs a reason of its own (--force-reason)")
+        engine = self._engine()
+        with translated(engine.url), engine.begin() as conn:
+            row = held_sql.get(conn, held_id, lock=True)
+            checks = self.checks(conn, row)
+            blocking = [c for c in checks if c.blocks]
+            refused = "; ".join(c.finding for c in blocking) if blocking and not force else None
+            messages: list[OutboundMessage] = []
+            if refused is None:
+                said = reason if not force else f"{reason}; forced: {force_reason}"
+                if row["saga_id"] is not None and sagas.load(conn, str(row["saga_id"])) is not None:
+                    action = OperatorAction(
+                        OperatorVerb.REPLAY,
+                        actor,
+                        f"held message {held_id}: {said}",
+                        step=row["step"],
+                        message_kind=_kind(row["kind"]),
+                        command_id=(row["headers"] or {}).get(H_COMMAND_ID),
+                    )
+                    messages, _ = self._act_in(
+                        conn, str(row["saga_id"]), action, expect_version=expect_version
+                    )
+                self._publish_held(conn, row, actor=actor, said=said)
+        if refused is not None:
+            with translated(engine.url), engine.begin() as conn:
+                held_sql.note(
+                    conn,
+                    row,
+                    "replay_refused",
+                    at=self.clock.now(),
+                    actor=actor,
+                    reason=f"{reason}; refused: {refused}",
+                )
+            raise ActionRefused(f"replay refused: {refused}")
+        if messages:
+            deliver(engine, saga_outbox, self._publisher(), messages)
+        log.warning(
+            "held message %s replayed by %s%s", held_id, actor, " (forced)" if force else "",
+            extra={"saga_id": row["saga_id"], "message_id": row["message_id"]},
+        )  # fmt: skip
+        return ReplayResult(held_id, True, bool(blocking), checks)
+
+    def _publish_held(
+        self, conn: Connection, row: Mapping[str, Any], *, actor: str, said: str
+    ) -> None:
+        held_id = row["id"]
+        body = base64.b64decode(row["body"]) if row["body_base64"] else (row["body"] or "").encode()
+        headers = {**clean_headers(row["headers"]), H_REPLAYED_FROM: str(held_id)}
+        self._publisher().publish_raw(
+            exchange="",
+            routing_key=row["original_queue"],
+            body=body,
+            headers=headers,
+            content_type=row["content_type"],
+            content_encoding=row["content_encoding"],
+        )
+        held_sql.resolve(
+            conn, held_id, status="replayed", at=self.clock.now(), actor=actor, resolution=said
+        )
+
+    def discard(self, held_id: int, *, actor: str, reason: str) -> None:
+        """Close a held message without sending it; the decision stays on record."""
+        _need(actor, reason)
+        engine = self._engine()
+        with translated(engine.url), engine.begin() as conn:
+            row = held_sql.get(conn, held_id, lock=True)
+            if row["status"] != "pending":
+                raise ActionRefused(f"held message {held_id} is already {row['status']}")
+            now = self.clock.now()
+            held_sql.resolve(
+                conn, held_id, status="discarded", at=now, actor=actor, resolution=reason
+            )
+            said = f"held message {held_id} discarded: {reason}"
+            held_sql.note(conn, row, "operator_discard", at=now, actor=actor, reason=said)
+
+
+def _deaths(row: Mapping[str, Any]) -> Check:
+    """Poison blocks a replay (it may kill a worker again); spent retries do not."""
+    reason, deaths = str(row["reason"]), row["death_count"]
+    if reason.startswith(POISON):
+        return Check(
+            "deaths",
+            f"poison: its worker died on it {deaths} times; a replay may kill a worker again",
+            True,
+        )
+    if row["holding"] == PARKING:
+        return Check("deaths", "not poison: parked, it was never tried", False)
+    retries = header_count((row["headers"] or {}).get("saga_retry"))
+    if reason.startswith("retries exhausted"):
+        return Check(
+            "deaths",
+            f"not poison: its {retries} retries were spent ({reason}); a replay is one more try",
+            False,
+        )
+    return Check("deaths", f"not poison: dead-lettered {deaths} times ({reason})", False)
+
+
+def _need(actor: str, reason: str) -> None:
+    if not actor.strip() or not reason.strip():
+        raise InputError("an operator action needs --actor and --reason")
+
+
+def _kind(value: Any) -> MessageKind | None:
+    try:
+        return MessageKind(value)
+    except ValueError:
+        return None
