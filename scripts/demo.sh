@@ -13,6 +13,7 @@ cd "$ROOT"
 export SAGA_DATABASE_URL="${SAGA_DATABASE_URL:-postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/saga_demo}"
 export SAGA_BROKER_URL="${SAGA_BROKER_URL:-amqp://guest:guest@127.0.0.1:5672/saga_demo}"
 export SAGA_RESULT_BACKEND="${SAGA_RESULT_BACKEND:-redis://127.0.0.1:6379/1}"
+export SAGA_TASKS_APP="${SAGA_TASKS_APP:-participants.app:saga_app}"
 
 if [ "${1:-}" = "--stop" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then
