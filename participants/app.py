@@ -8,6 +8,7 @@ celery -A participants.app beat
 from __future__ import annotations
 
 from participants import inventory, orders, payments
+from participants.faults import DemoFaults
 from participants.order_saga import ORDER_SAGA
 from saga_tasks import SagaApp
 
@@ -15,5 +16,6 @@ saga_app = SagaApp(
     sagas=[ORDER_SAGA],
     participants=[orders.participant, inventory.participant, payments.participant],
     name="participants",
+    hooks=DemoFaults.from_env(),  # SAGA_TASKS_DEMO_FAULTS=1 lets payloads ask for faults
 )
 app = saga_app.celery

@@ -38,8 +38,8 @@ from saga_tasks.participant import Participant
 from saga_tasks.persistence.db import get_engine
 from saga_tasks.persistence.prepared import PREPARE_OPTION
 from saga_tasks.persistence.tables import saga_outbox
-from saga_tasks.runtime import faults
 from saga_tasks.runtime.holding import Holding
+from saga_tasks.runtime.hooks import NO_HOOKS, Hooks
 from saga_tasks.runtime.intake import Intake
 from saga_tasks.runtime.maintenance import Maintenance
 from saga_tasks.runtime.orchestrator import Orchestrator, SagaHandle
@@ -63,6 +63,7 @@ class SagaApp:
         clock: Clock | None = None,
         name: str = "saga_tasks",
         migrations: Sequence[str] = (),
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
@@ -71,6 +72,8 @@ class SagaApp:
         """Alembic script directories of the app's own schemas, applied after the
         library's by ``saga-tasks db upgrade``."""
         self.tracing = Tracing(self.settings.trace_export)
+        self.hooks = hooks
+        """Where the app steps into the runtime's path (the example's demo faults)."""
         self.registry = Registry(sagas)
         self.participants = {p.name: p for p in participants}
         if len(self.participants) != len(participants):
@@ -106,7 +109,7 @@ class SagaApp:
             outlet=outlet,
             clock=clock,
             tracing=self.tracing,
-            demo_faults=settings.demo_faults,
+            hooks=self.hooks,
         )
         self.sweeper = Sweeper(
             engine=engine,
@@ -123,7 +126,7 @@ class SagaApp:
                 outlet=outlet,
                 clock=clock,
                 tracing=self.tracing,
-                demo_faults=settings.demo_faults,
+                hooks=self.hooks,
             )
             for p in self.participants.values()
         }
@@ -157,9 +160,7 @@ class SagaApp:
             relay_min_age=settings.relay_min_age,
             relay_batch=settings.relay_batch,
             sample_keep=settings.sample_keep,
-            after_publish=lambda: (
-                faults.relay_crash_hook(self.engine, clock) if settings.demo_faults else None
-            ),
+            after_publish=lambda: self.hooks.relay(self.engine, clock),
         )
         self.failures = FailurePolicy(
             engine=engine,

@@ -196,11 +196,6 @@ class Settings:
         4,
         "Unacknowledged messages a worker process may hold, per pool slot; at least 1.",
     )
-    demo_faults: bool = _env(
-        "SAGA_TASKS_DEMO_FAULTS",
-        False,
-        "1 lets demo payloads inject crashes, delays and duplicates; never set in production.",
-    )
     log_format: str = _env(
         "SAGA_LOG_FORMAT",
         "text",

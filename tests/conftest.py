@@ -95,7 +95,6 @@ def settings(isolation: Isolation):
         broker_url=isolation.broker_url,
         relay_interval=0.5,
         relay_min_age=1.0,
-        demo_faults=True,
         retry_tiers=RETRY_TIERS,
         poison_limit=2,
         intake_interval=0.5,
@@ -103,9 +102,23 @@ def settings(isolation: Isolation):
     )
 
 
-def build_order_app(settings, *, clock=None, time_scale: float = 1.0, on_dead_letter="compensate"):
+def demo_faults(request: pytest.FixtureRequest) -> bool:
+    """A test marked ``demo_faults`` lets payloads inject faults; every other test runs the
+    production path (the example's hooks installed, faults refused)."""
+    return request.node.get_closest_marker("demo_faults") is not None
+
+
+def build_order_app(
+    settings,
+    *,
+    clock=None,
+    time_scale: float = 1.0,
+    on_dead_letter="compensate",
+    faults: bool = False,
+):
     """The example deployment (order saga, three participants) on this test's services."""
     from participants import inventory, orders, payments
+    from participants.faults import DemoFaults
     from participants.order_saga import order_saga
     from participants.seed import seed
     from saga_tasks import SagaApp
@@ -116,6 +129,7 @@ def build_order_app(settings, *, clock=None, time_scale: float = 1.0, on_dead_le
         participants=[orders.participant, inventory.participant, payments.participant],
         settings=settings,
         clock=clock,
+        hooks=DemoFaults(enabled=faults),
     )
     declare_topology(settings.broker_url, app.topology)
     seed(app.engine)
@@ -123,8 +137,8 @@ def build_order_app(settings, *, clock=None, time_scale: float = 1.0, on_dead_le
 
 
 @pytest.fixture
-def order_app(settings):
-    app = build_order_app(settings)
+def order_app(settings, request):
+    app = build_order_app(settings, faults=demo_faults(request))
     yield app
     app.close()
 
@@ -139,9 +153,9 @@ def clock():
 
 
 @pytest.fixture
-def clocked_app(settings, clock):
+def clocked_app(settings, clock, request):
     """The order saga with a clock the test moves (timeouts: create 30 s, authorize 60 s)."""
-    app = build_order_app(settings, clock=clock)
+    app = build_order_app(settings, clock=clock, faults=demo_faults(request))
     yield app
     app.close()
 
@@ -151,10 +165,10 @@ TIME_SCALE = 0.03
 
 
 @pytest.fixture
-def fast_app(settings, workers):
+def fast_app(settings, workers, request):
     """The order saga with short timeouts, in this process and in the workers it starts."""
     workers.time_scale = TIME_SCALE
-    app = build_order_app(settings, time_scale=TIME_SCALE)
+    app = build_order_app(settings, time_scale=TIME_SCALE, faults=demo_faults(request))
     yield app
     app.close()
 
@@ -162,15 +176,16 @@ def fast_app(settings, workers):
 class Workers:
     """Starts real worker processes for one test and stops every one of them after it."""
 
-    def __init__(self, isolation: Isolation, log_dir: Path) -> None:
+    def __init__(self, isolation: Isolation, log_dir: Path, *, faults: bool = False) -> None:
         self.isolation = isolation
         self.log_dir = log_dir
         self.started: list[WorkerProcess] = []
         self.time_scale = 1.0
+        self.faults = faults
 
     def env(self, **extra: str) -> dict[str, str]:
         return self.isolation.env(
-            SAGA_TASKS_DEMO_FAULTS="1",
+            SAGA_TASKS_DEMO_FAULTS="1" if self.faults else "0",
             SAGA_RELAY_INTERVAL="0.5",
             SAGA_RELAY_MIN_AGE="1",
             SAGA_SWEEP_INTERVAL="0.3",
@@ -230,7 +245,7 @@ class Workers:
 def workers(
     isolation: Isolation, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Workers]:
-    pool = Workers(isolation, tmp_path / "logs")
+    pool = Workers(isolation, tmp_path / "logs", faults=demo_faults(request))
     yield pool
     pool.stop_all()
     from saga_tasks import Settings

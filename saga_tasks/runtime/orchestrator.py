@@ -43,7 +43,7 @@ from saga_tasks.observability.tracing import OFF, Tracing
 from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
-from saga_tasks.runtime import faults
+from saga_tasks.runtime.hooks import NO_HOOKS, Hooks
 from saga_tasks.runtime.outlet import Outlet
 
 log = logging.getLogger("saga_tasks.orchestrator")
@@ -76,9 +76,9 @@ class Orchestrator:
         outlet: Callable[[], Outlet],
         clock: Clock,
         tracing: Tracing = OFF,
-        demo_faults: bool = False,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
-        self.demo_faults = demo_faults
+        self.hooks = hooks
         self._engine = engine
         self.registry = registry
         self.topology = topology
@@ -110,7 +110,7 @@ class Orchestrator:
         if traceparent is not None and not _TRACEPARENT.match(traceparent):
             raise InputError("traceparent is not a W3C trace context header")
         clean = definition.validate_payload(payload)
-        faults.validate_payload_faults(clean, self.demo_faults)
+        self.hooks.starting(saga_type, clean)
         digest = sagas.payload_hash(clean)
         with self.tracing.span(
             f"saga.start {saga_type}", traceparent, **{"saga.type": saga_type}
@@ -359,18 +359,16 @@ class Orchestrator:
                 raise InvalidMessage(reason)
             return Classification.INVALID
         observe(state, decision, message_id)
-        fault = None
+        probe = None
         if not redelivered and decision.classification is Classification.ACCEPTED:
-            key = faults.reply_key(reply.step)
-            fault = faults.fault_for(state.payload, key, self.demo_faults)
-        fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
-        if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
-            faults.crash("orchestrator after commit, before publishing", **fields)
+            fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
+            probe = self.hooks.reply(state, reply.step, fields)
+        if probe is not None:
+            probe.committed()
         outlet = self._outlet()
         outlet.send(saga_outbox, messages)
-        if fault and fault.kind is faults.FaultKind.CRASH_AFTER_PUBLISH:
-            outlet.flush(5.0)  # the crash point is after the broker has the messages
-            faults.crash("orchestrator after publishing, before the ack", **fields)
+        if probe is not None:
+            probe.sent(outlet.flush)
         return decision.classification
 
     def _apply(

@@ -33,7 +33,7 @@ from saga_tasks.core.messages import (
     reply_message,
 )
 from saga_tasks.core.states import MessageKind, Outcome
-from saga_tasks.errors import BusinessRejection, InvalidMessage, TransientError
+from saga_tasks.errors import BusinessRejection, InvalidMessage
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE
 from saga_tasks.observability import metrics, tracing
@@ -41,7 +41,8 @@ from saga_tasks.observability.tracing import OFF, Tracing
 from saga_tasks.participant import CommandContext, Handler, Participant
 from saga_tasks.persistence import ledger as ledger_sql
 from saga_tasks.persistence.db import translated
-from saga_tasks.runtime import faults, invalid
+from saga_tasks.runtime import invalid
+from saga_tasks.runtime.hooks import NO_HOOKS, CommandProbe, Hooks
 from saga_tasks.runtime.outlet import Outlet
 
 log = logging.getLogger("saga_tasks.runtime.participant")
@@ -51,14 +52,6 @@ TOMBSTONED = "compensated_before_execution"
 """Error code of the reply to a forward command that arrived after its compensation."""
 SUPERSEDED = "superseded"
 """Error code of the reply to a compensation that a newer generation fenced off."""
-
-
-def _crash_before_commit(
-    fault: faults.Fault | None, duplicate: bool, fields: Mapping[str, Any]
-) -> None:
-    """The demo fault: die with the reply written and the transaction not committed."""
-    if fault and not duplicate and fault.kind is faults.FaultKind.CRASH_BEFORE_COMMIT:
-        faults.crash("inside the transaction, before commit", **fields)
 
 
 def reply_id_for(command_id: str) -> str:
@@ -102,7 +95,7 @@ class ParticipantRuntime:
         outlet: Callable[[], Outlet],
         clock: Clock,
         tracing: Tracing = OFF,
-        demo_faults: bool,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.participant = participant
         self._engine = engine
@@ -110,7 +103,7 @@ class ParticipantRuntime:
         self._outlet = outlet
         self.clock = clock
         self.tracing = tracing
-        self.demo_faults = demo_faults
+        self.hooks = hooks
         self._ledger = ledger_sql.Ledger(participant.ledger, participant.outbox)
 
     def execute(
@@ -187,31 +180,20 @@ class ParticipantRuntime:
             "correlation_id": command.correlation_id,
             "trace_id": tracing.trace_id(command.traceparent),
         }
-        # First execution only: never on a redelivery, a retry or a re-send after a timeout
-        # (a transient fault counts the retries; poison strikes every time).
         retries = int((headers or {}).get("saga_retry") or 0)
         fresh = not redelivered and command.attempt == 1 and retries == 0
-        fault = faults.fault_for(command.payload, handler.task_name, self.demo_faults)
-        if fault is not None and fault.kind is faults.FaultKind.POISON:
-            faults.crash("poison: every delivery", **fields)
-        if fault is not None and fault.kind is faults.FaultKind.TRANSIENT:
-            if command.attempt == 1 and retries < fault.seconds:
-                raise TransientError(f"demo fault: transient failure {retries + 1}")
-            fault = None
-        elif fault is not None and fault.kind is faults.FaultKind.RAISE:
-            if command.attempt == 1:
-                raise RuntimeError(f"demo fault in {handler.task_name}")
-            fault = None
-        elif not fresh:
-            fault = None
+        probe = self.hooks.command(
+            handler.task_name, command, fresh=fresh, retries=retries, fields=fields
+        )
+        if probe is not None:
+            probe.received()
         try:
             with translated(engine.url), engine.begin() as conn:
-                if fault is not None and fault.kind is faults.FaultKind.REFUSE:
-                    if not command.supersedes:
-                        raise BusinessRejection("demo_refusal", "refused by a demo fault")
-                    fault = None
-                reply, duplicate = self._handle(conn, handler, command, fault, fields)
-                _crash_before_commit(fault, duplicate, fields)
+                if probe is not None:
+                    probe.begun()
+                reply, duplicate = self._handle(conn, handler, command, probe, fields)
+                if probe is not None and not duplicate:
+                    probe.before_commit()
         except BusinessRejection as rejection:
             # Rolled back whole, partial writes with it; the refusal in a transaction
             # of its own (a success needs no savepoint, which is two round trips).
@@ -223,14 +205,15 @@ class ParticipantRuntime:
             )
             with translated(engine.url), engine.begin() as conn:
                 reply, duplicate = self._refuse(conn, handler, command, rejection, fields)
-                _crash_before_commit(fault, duplicate, fields)
+                if probe is not None and not duplicate:
+                    probe.before_commit()
         if duplicate:
-            fault = None  # faults act on the first execution of a command only
-        if fault and fault.kind is faults.FaultKind.CRASH_AFTER_COMMIT:
-            faults.crash("after commit, before the reply is published", **fields)
+            probe = None  # probes follow the first execution of a command only
+        if probe is not None:
+            probe.committed()
         self._outlet().send(self.participant.outbox, [reply])
-        if fault and fault.kind is faults.FaultKind.DUPLICATE_REPLY:
-            self._publisher().publish([reply])
+        if probe is not None:
+            probe.sent(reply, self._publisher())
         outcome = "duplicate" if duplicate else str(reply.body.get("outcome"))
         metrics.MESSAGES.labels(
             consumer=self.participant.name, classification="duplicate" if duplicate else "accepted"
@@ -261,15 +244,15 @@ class ParticipantRuntime:
         conn: Connection,
         handler: Handler,
         command: Command,
-        fault: faults.Fault | None,
+        probe: CommandProbe | None,
         fields: Mapping[str, Any],
     ) -> tuple[OutboundMessage, bool]:
         """Claim, run, store and queue the reply; ``BusinessRejection`` propagates so the
         caller rolls this transaction back and records the refusal in a new one."""
         if not self._ledger.claim(conn, self._claim(handler, command)):
             return self._stored(conn, command, fields), True
-        if fault and fault.kind is faults.FaultKind.SLOW:
-            faults.pause(fault.seconds)  # slow work: after the claim, so re-sends wait for it
+        if probe is not None:
+            probe.claimed()  # slow work goes here: after the claim, so re-sends wait for it
         now = self.clock.now()
         nothing_to_undo = None
         if handler.kind is MessageKind.COMPENSATION:

@@ -1,6 +1,12 @@
 """Help for testing sagas against real services, shipped so users test theirs as we test ours.
 
 - ``Isolation``: a RabbitMQ vhost and a PostgreSQL database of one's own, removed after.
+- ``pump``, ``drain``, ``run_command``, ``run_reply``: move a deployment's messages through
+  its real queues in the test's own process, deterministically, without workers.
+- ``FakeClock``: a clock the test moves, so timeouts fire when the test says.
+- ``check_invariants``: what must hold once every saga has ended (no saga left running,
+  histories that explain each saga, no message lost, outboxes empty, and with an
+  ``effects`` reader, business effects that agree with step statuses).
 - ``WorkerProcess``: a real ``celery worker`` (or ``beat``) process, started, awaited until
   ready, killed with any signal; its whole process group goes with it.
 - ``wait_for`` and ``wait_for_status``: await a condition instead of sleeping and hoping.
@@ -9,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 from saga_tasks.core.clock import FakeClock
 from saga_tasks.core.states import SagaStatus
@@ -22,19 +28,25 @@ from saga_tasks.ops.isolation import (
     queue_depths,
 )
 from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
-
-T = TypeVar("T")
+from saga_tasks.testing.invariants import Report, check_invariants
+from saga_tasks.testing.pump import drain, pump, run_command, run_reply
 
 __all__ = [
     "FakeClock",
-    "TimedOut",
     "Isolation",
     "RabbitAdmin",
+    "Report",
+    "TimedOut",
     "WorkerProcess",
+    "check_invariants",
     "create_database",
+    "drain",
     "drop_database",
     "list_databases",
+    "pump",
     "queue_depths",
+    "run_command",
+    "run_reply",
     "wait_for",
     "wait_for_status",
 ]

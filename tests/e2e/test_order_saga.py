@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
 from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus
@@ -77,6 +78,7 @@ def test_same_business_key_started_twice_is_one_saga(order_app, workers):
     assert scalar(order_app.engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2
 
 
+@pytest.mark.demo_faults
 def test_a_reply_delivered_twice_makes_one_transition(order_app, workers):
     workers.orchestrator()
     workers.participants()

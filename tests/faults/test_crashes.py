@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.testing import queue_depths, wait_for
 from tests.integration.helpers import ORDER, rows, scalar
@@ -37,6 +39,7 @@ def assert_each_effect_once(app, sagas: int) -> None:
     assert successes == 4 * sagas, "one transition per step, whatever was redelivered"
 
 
+@pytest.mark.demo_faults
 def test_orchestrator_killed_mid_saga_and_restarted(order_app, workers):
     sagas = 30
     orchestrator = workers.orchestrator(pool="prefork", concurrency=2)
@@ -69,6 +72,7 @@ def test_orchestrator_killed_mid_saga_and_restarted(order_app, workers):
     }
 
 
+@pytest.mark.demo_faults
 def test_participant_killed_after_commit_reply_recovered_from_outbox(order_app, workers, settings):
     workers.orchestrator()
     workers.beat()
@@ -139,6 +143,7 @@ def test_database_away_requeues_replies_and_loses_nothing(order_app, workers, is
     assert queue_depths(isolation.broker_url, ["saga.dead_letter"]) == {"saga.dead_letter": 0}
 
 
+@pytest.mark.demo_faults
 def test_participant_killed_before_commit_leaves_nothing_and_runs_again(order_app, workers):
     workers.orchestrator()
     workers.start("orders", ["orders.commands"])

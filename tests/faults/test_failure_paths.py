@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus
@@ -29,6 +30,7 @@ def published(isolation, queue):
     return int(stats.get("publish") or 0)
 
 
+@pytest.mark.demo_faults
 def test_a_transient_error_is_retried_through_the_tiers_then_succeeds(
     order_app, workers, isolation
 ):
@@ -56,6 +58,7 @@ def test_a_transient_error_is_retried_through_the_tiers_then_succeeds(
     assert held(order_app) == []
 
 
+@pytest.mark.demo_faults
 def test_retries_spent_dead_letter_and_the_saga_compensates(order_app, workers):
     workers.orchestrator()
     workers.beat()
@@ -91,6 +94,7 @@ def test_retries_spent_dead_letter_and_the_saga_compensates(order_app, workers):
     assert scalar(engine, "SELECT status FROM orders.orders") == "CANCELLED"
 
 
+@pytest.mark.demo_faults
 def test_an_unexpected_error_on_a_step_that_cannot_be_undone_needs_a_person(order_app, workers):
     workers.orchestrator()
     workers.beat()
@@ -104,6 +108,7 @@ def test_an_unexpected_error_on_a_step_that_cannot_be_undone_needs_a_person(orde
     assert dead["reason"] == "retries exhausted (2) after RuntimeError"
 
 
+@pytest.mark.demo_faults
 def test_a_message_that_kills_its_worker_every_time_is_dead_lettered_after_the_bound(
     order_app, workers
 ):
@@ -143,6 +148,7 @@ def test_a_message_that_kills_its_worker_every_time_is_dead_lettered_after_the_b
     assert scalar(order_app.engine, "SELECT count(*) FROM inventory.reservation") == 0
 
 
+@pytest.mark.demo_faults
 def test_a_poison_message_in_a_prefork_child_is_bounded_too(order_app, workers):
     workers.orchestrator()
     workers.beat()

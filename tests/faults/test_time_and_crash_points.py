@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
 from tests.faults.test_crashes import assert_each_effect_once
@@ -18,6 +20,7 @@ def history(app, saga_id):
     )
 
 
+@pytest.mark.demo_faults
 def test_payment_timeout_late_success_is_compensated(fast_app, workers):
     workers.orchestrator()
     workers.beat()
@@ -57,6 +60,7 @@ def test_payment_timeout_late_success_is_compensated(fast_app, workers):
     assert fast_app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPENSATED
 
 
+@pytest.mark.demo_faults
 def test_orchestrator_killed_during_compensation(fast_app, workers):
     orchestrator = workers.orchestrator()
     workers.beat()
@@ -96,6 +100,7 @@ def test_orchestrator_killed_during_compensation(fast_app, workers):
     )
 
 
+@pytest.mark.demo_faults
 def test_orchestrator_killed_after_commit_before_publish(order_app, workers):
     first = workers.orchestrator()
     workers.beat()
@@ -125,6 +130,7 @@ def test_orchestrator_killed_after_commit_before_publish(order_app, workers):
     assert_each_effect_once(order_app, 1)
 
 
+@pytest.mark.demo_faults
 def test_orchestrator_killed_after_publish_before_ack(order_app, workers):
     first = workers.orchestrator()
     workers.participants()
@@ -139,6 +145,7 @@ def test_orchestrator_killed_after_publish_before_ack(order_app, workers):
     assert_each_effect_once(order_app, 1)
 
 
+@pytest.mark.demo_faults
 def test_relay_killed_after_publish_before_marking(order_app, workers):
     workers.start("maintenance", ["saga.maintenance"])
     workers.start("replies", ["saga.replies"])

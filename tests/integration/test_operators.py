@@ -282,6 +282,7 @@ def test_parked_messages_are_held_and_discarded_with_a_reason(order_app, setting
         app.replayer.discard(parked["id"], actor="ana", reason="again")
 
 
+@pytest.mark.demo_faults
 def test_a_refused_compensation_retried_by_an_operator_runs_again(order_app, settings):
     """The retry is a new generation: the ledger runs it (the old id holds a refusal it
     would only repeat), the old id is fenced, and the stock comes back once."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus
@@ -30,10 +31,11 @@ def only_held(app):
     return held
 
 
+@pytest.mark.demo_faults
 def test_spent_transient_retries_are_not_poison_and_replay_without_force(settings, workers):
     # The library's default poison limit, and as many retry tiers as the defaults have.
     defaults = dataclasses.replace(settings, poison_limit=3)
-    app = build_order_app(defaults, on_dead_letter="manual_review")
+    app = build_order_app(defaults, on_dead_letter="manual_review", faults=True)
     try:
         workers.orchestrator()
         workers.participants()

@@ -85,9 +85,10 @@ def test_bad_starts_are_refused_before_anything_is_written(
 
 
 def test_demo_faults_are_refused_unless_enabled(order_app):
-    order_app.orchestrator.demo_faults = False
+    """The production path: the example's hooks are installed but not enabled."""
     with pytest.raises(InvalidPayload, match="SAGA_TASKS_DEMO_FAULTS"):
         order_app.start_saga("order", "f", {**ORDER, "demo_faults": {"orders.create": "raise"}})
+    assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 0
 
 
 def test_start_joins_the_callers_session_commit(order_app, settings):

@@ -23,17 +23,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_settings_read_from_env_with_types():
     s = Settings.from_env(
-        {"SAGA_RELAY_INTERVAL": "0.5", "SAGA_TASKS_DEMO_FAULTS": "1", "SAGA_DB_POOL_SIZE": "3"}
+        {"SAGA_RELAY_INTERVAL": "0.5", "SAGA_DB_PREPARE": "0", "SAGA_DB_POOL_SIZE": "3"}
     )
-    assert (s.relay_interval, s.demo_faults, s.db_pool_size) == (0.5, True, 3)
-    assert Settings.from_env({}).demo_faults is False
+    assert (s.relay_interval, s.db_prepare, s.db_pool_size) == (0.5, False, 3)
+    assert Settings.from_env({}).db_prepare is True
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"SAGA_RELAY_INTERVAL": "soon"}, "not a valid float"),
-        ({"SAGA_TASKS_DEMO_FAULTS": "perhaps"}, "not a valid bool"),
+        ({"SAGA_DB_PREPARE": "perhaps"}, "not a valid bool"),
         ({"SAGA_QUEUE_TYPE": "stream"}, "classic' or 'quorum"),
         ({"SAGA_LOG_FORMAT": "xml"}, "text' or 'json"),
         ({"SAGA_PUBLISH_MODE": "later"}, "async' or 'sync"),

@@ -1,4 +1,5 @@
-"""Technical faults for demos and tests, asked for in a saga payload.
+"""Technical faults for demos and tests, asked for in a saga payload, injected through
+the runtime's hooks (``DemoFaults``, which the example app installs).
 
 A payload may carry ``"demo_faults": {"<where>": "<fault>"}``. Starting such a saga
 is refused, and workers ignore the field, unless ``SAGA_TASKS_DEMO_FAULTS=1`` is set
@@ -22,23 +23,25 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Engine
 
 from saga_tasks.core.clock import Clock
-from saga_tasks.core.messages import OutboundMessage
-from saga_tasks.errors import InvalidPayload
+from saga_tasks.core.messages import Command, OutboundMessage
+from saga_tasks.core.model import SagaState
+from saga_tasks.errors import BusinessRejection, InvalidPayload, TransientError
+from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.persistence import sagas
-
-if TYPE_CHECKING:
-    from saga_tasks.runtime.outlet import AfterPublish
+from saga_tasks.runtime.hooks import CommandProbe, Hooks, ReplyProbe
+from saga_tasks.runtime.outlet import AfterPublish
 
 FIELD = "demo_faults"
-log = logging.getLogger("saga_tasks.runtime.faults")
+log = logging.getLogger("participants.faults")
+ENABLE = "SAGA_TASKS_DEMO_FAULTS"
 
 
 class FaultKind(StrEnum):
@@ -110,7 +113,7 @@ def validate_payload_faults(payload: Mapping[str, Any], enabled: bool) -> None:
     if spec is None:
         return
     if not enabled:
-        raise InvalidPayload(f"{FIELD} is accepted only when SAGA_TASKS_DEMO_FAULTS=1")
+        raise InvalidPayload(f"{FIELD} is accepted only when {ENABLE}=1")
     if not isinstance(spec, Mapping):
         raise InvalidPayload(f"{FIELD} must map task names to faults")
     for task, fault in spec.items():
@@ -173,3 +176,123 @@ def relay_crash_hook(engine: Engine, clock: Clock) -> AfterPublish:
                 crash("outbox recovery after publishing, before marking", saga_id=saga_id)
 
     return after_publish
+
+
+def enabled_in(environ: Mapping[str, str]) -> bool:
+    return environ.get(ENABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class DemoFaults(Hooks):
+    """The payload's faults, acted on at the runtime's hook points when ``enabled``."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DemoFaults:
+        return cls(enabled_in(os.environ if environ is None else environ))
+
+    def starting(self, saga_type: str, payload: Mapping[str, Any]) -> None:
+        validate_payload_faults(payload, self.enabled)
+
+    def command(
+        self, task_name: str, command: Command, *, fresh: bool, retries: int,
+        fields: Mapping[str, Any],
+    ) -> CommandProbe | None:  # fmt: skip
+        fault = fault_for(command.payload, task_name, self.enabled)
+        if fault is None:
+            return None
+        return _CommandFault(
+            fault,
+            task_name=task_name,
+            command=command,
+            fresh=fresh,
+            retries=retries,
+            fields=fields,
+        )
+
+    def reply(self, state: SagaState, step: str, fields: Mapping[str, Any]) -> ReplyProbe | None:
+        fault = fault_for(state.payload, reply_key(step), self.enabled)
+        return None if fault is None else _ReplyFault(fault, fields)
+
+    def relay(self, engine: Engine, clock: Clock) -> AfterPublish | None:
+        return relay_crash_hook(engine, clock) if self.enabled else None
+
+
+class _CommandFault:
+    """A fault acts on the first execution of a command only, except poison (every
+    delivery) and transient (its first n tries, retries counted)."""
+
+    def __init__(
+        self,
+        fault: Fault,
+        *,
+        task_name: str,
+        command: Command,
+        fresh: bool,
+        retries: int,
+        fields: Mapping[str, Any],
+    ) -> None:
+        self.fault: Fault | None = fault
+        self.task_name = task_name
+        self.command = command
+        self.fresh = fresh
+        self.retries = retries
+        self.fields = dict(fields)
+
+    def _is(self, kind: FaultKind) -> bool:
+        return self.fault is not None and self.fault.kind is kind
+
+    def received(self) -> None:
+        fault = self.fault
+        if fault is None:
+            return
+        if fault.kind is FaultKind.POISON:
+            crash("poison: every delivery", **self.fields)
+        if fault.kind is FaultKind.TRANSIENT:
+            if self.command.attempt == 1 and self.retries < fault.seconds:
+                raise TransientError(f"demo fault: transient failure {self.retries + 1}")
+            self.fault = None
+        elif fault.kind is FaultKind.RAISE:
+            if self.command.attempt == 1:
+                raise RuntimeError(f"demo fault in {self.task_name}")
+            self.fault = None
+        elif not self.fresh:
+            self.fault = None
+
+    def begun(self) -> None:
+        if self._is(FaultKind.REFUSE):
+            if not self.command.supersedes:
+                raise BusinessRejection("demo_refusal", "refused by a demo fault")
+            self.fault = None
+
+    def claimed(self) -> None:
+        if self.fault is not None and self.fault.kind is FaultKind.SLOW:
+            pause(self.fault.seconds)
+
+    def before_commit(self) -> None:
+        if self._is(FaultKind.CRASH_BEFORE_COMMIT):
+            crash("inside the transaction, before commit", **self.fields)
+
+    def committed(self) -> None:
+        if self._is(FaultKind.CRASH_AFTER_COMMIT):
+            crash("after commit, before the reply is published", **self.fields)
+
+    def sent(self, reply: OutboundMessage, publisher: Publisher) -> None:
+        if self._is(FaultKind.DUPLICATE_REPLY):
+            publisher.publish([reply])
+
+
+class _ReplyFault:
+    def __init__(self, fault: Fault, fields: Mapping[str, Any]) -> None:
+        self.fault = fault
+        self.fields = dict(fields)
+
+    def committed(self) -> None:
+        if self.fault.kind is FaultKind.CRASH_AFTER_COMMIT:
+            crash("orchestrator after commit, before publishing", **self.fields)
+
+    def sent(self, flush: Callable[[float], bool]) -> None:
+        if self.fault.kind is FaultKind.CRASH_AFTER_PUBLISH:
+            flush(5.0)  # the crash point is after the broker has the messages
+            crash("orchestrator after publishing, before the ack", **self.fields)
