@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,8 +29,6 @@ intervals still tick about once a second, instead of spinning."""
 
 
 def _env(name: str, default: Any, doc: str) -> Any:
-    from dataclasses import field
-
     return field(default=default, metadata={"env": name, "doc": doc})
 
 

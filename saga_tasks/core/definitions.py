@@ -18,7 +18,7 @@ problem (duplicate step, unknown dependency, cycle, missing queue) is a typed
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -328,8 +328,6 @@ def _resolve_dependencies(saga_type: str, steps: tuple[Step, ...]) -> tuple[Step
 
 
 def _replace_depends(s: Step, depends: tuple[str, ...]) -> Step:
-    from dataclasses import replace
-
     return replace(s, depends_on=depends)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import redis
 from celery import Celery
 
 from saga_tasks.config import Settings, mask_url
@@ -73,8 +74,6 @@ def beat_key_prefix(settings: Settings) -> str:
 
 def forget_beat_state(settings: Settings) -> int:
     """Delete this deployment's beat schedule and lease from Redis; the count deleted."""
-    import redis
-
     client = redis.Redis.from_url(settings.result_backend)
     try:
         keys = list(client.scan_iter(match=beat_key_prefix(settings) + "*", count=500))

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from amqp.exceptions import AMQPError
+from kombu import Connection
 from sqlalchemy import Engine, Table
 
 from saga_tasks.config import mask_url
@@ -222,7 +224,6 @@ class _Sender:
             return True
         if time.monotonic() < self.retry_at:
             return False
-        from kombu import Connection
 
         try:
             kombu_connection = Connection(
@@ -280,8 +281,6 @@ class _Sender:
             self.next_tag += 1
 
     def read_confirms(self) -> None:
-        from amqp.exceptions import AMQPError
-
         try:
             self.connection.heartbeat_tick()
             while True:

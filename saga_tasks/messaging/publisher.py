@@ -13,7 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from amqp import Message
+from amqp.exceptions import AMQPError
 from celery import Celery
+from celery.utils.nodenames import anon_nodename
+from kombu.exceptions import KombuError
+from kombu.utils.json import dumps
 
 from saga_tasks.config import mask_url
 from saga_tasks.core.messages import OutboundMessage, describe
@@ -42,8 +47,6 @@ class Publisher:
         """Publish in order; stop at the first failure and report what went out."""
         if not messages:
             return PublishResult((), ())
-        from amqp.exceptions import AMQPError
-        from kombu.exceptions import KombuError
 
         published: list[str] = []
         try:
@@ -79,9 +82,6 @@ class Publisher:
         content_encoding: str | None,
     ) -> None:
         """Publish bytes as they are (a parked or replayed message); raises ``PublishFailed``."""
-        from amqp.exceptions import AMQPError
-        from kombu.exceptions import KombuError
-
         try:
             with self.app.producer_or_acquire() as producer:
                 producer.publish(
@@ -136,10 +136,6 @@ def task_message_encoder(
     """Outbox messages as the bytes and properties ``send_task`` would publish: a
     Celery protocol 2 task message, JSON, persistent, the task id as correlation id.
     For the dispatcher, which publishes on a connection of its own."""
-    from amqp import Message
-    from celery.utils.nodenames import anon_nodename
-    from kombu.utils.json import dumps
-
     as_task = app.amqp.as_task_v2
     origin = anon_nodename()
 

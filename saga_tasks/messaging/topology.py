@@ -26,8 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp.exceptions import PreconditionFailed
 from kombu import Connection, Exchange, Queue
 
+from saga_tasks.config import mask_url
 from saga_tasks.errors import ServiceUnavailable, TopologyMismatch
 
 COMMANDS_EXCHANGE = Exchange("saga.commands", type="topic", durable=True)
@@ -208,8 +210,6 @@ class Topology:
         Safe to run any number of times. A queue that exists with other arguments
         raises ``TopologyMismatch`` with the broker's own explanation.
         """
-        from amqp.exceptions import PreconditionFailed
-
         declared = []
         for q in self._queues.values():
             channel = connection.channel()
@@ -236,8 +236,6 @@ def _close_quietly(channel: Any) -> None:
 
 def declare_topology(broker_url: str, topology: Topology) -> list[str]:
     """Connect to the broker and declare ``topology``; errors name the broker's URL."""
-    from saga_tasks.config import mask_url
-
     with Connection(broker_url, connect_timeout=5) as conn:
         try:
             conn.ensure_connection(max_retries=1)

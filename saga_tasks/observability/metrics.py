@@ -10,10 +10,11 @@ scrape time by ``StateCollector``, served by the web app's ``/metrics``.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 
 log = logging.getLogger("saga_tasks.observability.metrics")
 
@@ -85,13 +86,8 @@ def observe_history(
 def serve_worker_metrics(port: int) -> None:
     """Serve this worker's counters on ``port`` (aggregated across prefork children when
     ``PROMETHEUS_MULTIPROC_DIR`` is set)."""
-    import os
-
-    from prometheus_client import CollectorRegistry, start_http_server
 
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         start_http_server(port, registry=registry)

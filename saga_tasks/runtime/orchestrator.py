@@ -43,6 +43,7 @@ from saga_tasks.observability.tracing import OFF, Tracing
 from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
+from saga_tasks.runtime import invalid
 from saga_tasks.runtime.hooks import NO_HOOKS, Hooks
 from saga_tasks.runtime.outlet import Outlet
 
@@ -297,8 +298,6 @@ class Orchestrator:
         A message that makes no sense is recorded and returns INVALID, or with
         ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
         """
-        from saga_tasks.runtime import invalid
-
         try:
             saga_id, reply = parse_reply(message_id, headers, body)
         except InvalidMessage as exc:

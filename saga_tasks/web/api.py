@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import secrets
+import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+)
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,8 +33,13 @@ from saga_tasks.errors import (
     UnknownSagaType,
     VersionMismatch,
 )
+from saga_tasks.observability.tracing import TRACEPARENT
+from saga_tasks.ops.operator import act as do
+from saga_tasks.ops.views import held_list, held_show, list_view, saga_view
+from saga_tasks.ops.views import stuck as find_stuck
 from saga_tasks.persistence import idempotency
-from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.db import check_database, translated
+from saga_tasks.web.dashboard import mount
 from saga_tasks.web.gauges import StateCollector
 
 PROBLEM = "application/problem+json"
@@ -235,21 +247,12 @@ def build(app: SagaApp) -> FastAPI:
     @web.get("/healthz", tags=["operations"])
     def healthz() -> dict[str, str]:
         """Liveness, and whether PostgreSQL answers."""
-        from saga_tasks.persistence.db import check_database
-
         check_database(app.settings.database_url)
         return {"status": "ok"}
 
     @web.get("/metrics", tags=["operations"], response_class=Response)
     def metrics() -> Response:
         """Prometheus text: this process's counters and the state gauges read now."""
-        from prometheus_client import (
-            CONTENT_TYPE_LATEST,
-            REGISTRY,
-            CollectorRegistry,
-            generate_latest,
-        )
-
         state = CollectorRegistry(auto_describe=False)
         state.register(
             StateCollector(
@@ -282,11 +285,8 @@ def build(app: SagaApp) -> FastAPI:
             stored = idempotency.find(conn, idempotency_key)  # a repeat: no start at all
         created = False
         if stored is None:
-            if traceparent is not None:
-                from saga_tasks.observability.tracing import TRACEPARENT
-
-                if not TRACEPARENT.match(traceparent):
-                    traceparent = None  # a malformed header starts a new trace, as W3C asks
+            if traceparent is not None and not TRACEPARENT.match(traceparent):
+                traceparent = None  # a malformed header starts a new trace, as W3C asks
             stored, created = start_once(
                 app, idempotency_key, digest, saga_type, body, traceparent=traceparent
             )
@@ -311,8 +311,6 @@ def build(app: SagaApp) -> FastAPI:
     @web.get("/sagas/{saga_id}", tags=["sagas"], name="get_saga")
     def get_saga(saga_id: Annotated[str, Path(max_length=100)]) -> dict[str, Any]:
         """One saga: status, steps, history, held messages."""
-        from saga_tasks.ops.views import saga_view
-
         return saga_view(app, saga_id)
 
     @web.get("/sagas", tags=["sagas"])
@@ -326,9 +324,6 @@ def build(app: SagaApp) -> FastAPI:
         """Sagas, newest first; ``stuck=true``: active ones with no change for
         ``SAGA_STUCK_AFTER`` seconds, longest idle first, each with ``idle_seconds``.
         The other filters apply to both."""
-        from saga_tasks.ops.views import list_view
-        from saga_tasks.ops.views import stuck as find_stuck
-
         if saga_type is not None:
             app.registry.latest(saga_type)
         if stuck:
@@ -356,8 +351,6 @@ def build(app: SagaApp) -> FastAPI:
         who: Annotated[str, Depends(actor)],
     ) -> dict[str, Any]:
         """An operator action, audited with the token's actor."""
-        from saga_tasks.ops.operator import act as do
-
         if action in ("retry-step", "skip-step") and not body.step:
             raise Problem(422, "invalid-request", "Invalid request", f"{action} needs a step")
         if action == "resolve" and not body.status:
@@ -383,9 +376,6 @@ def build(app: SagaApp) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     ) -> dict[str, Any]:
         """Messages taken off the dead-letter queue or the parking lot."""
-        import uuid
-
-        from saga_tasks.ops.views import held_list
 
         if saga_id is not None:
             try:
@@ -401,8 +391,6 @@ def build(app: SagaApp) -> FastAPI:
     @web.get("/held/{held_id}", tags=["held messages"])
     def held_message(held_id: Annotated[int, Path(ge=1, le=2**62)]) -> dict[str, Any]:
         """One held message, with the checks a replay would run now."""
-        from saga_tasks.ops.views import held_show
-
         try:
             return held_show(app, held_id)
         except InputError as exc:
@@ -416,8 +404,6 @@ def build(app: SagaApp) -> FastAPI:
         who: Annotated[str, Depends(actor)],
     ) -> dict[str, Any]:
         """Replay (after its checks) or discard a held message, audited with the token's actor."""
-        from saga_tasks.ops.views import held_show
-
         try:
             if verb == "replay":
                 app.replayer.replay(
@@ -439,8 +425,6 @@ def build(app: SagaApp) -> FastAPI:
                 ) from exc
             raise
         return held_show(app, held_id)
-
-    from saga_tasks.web.dashboard import mount
 
     mount(web, app)
     return web

@@ -21,6 +21,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from saga_tasks.app import SagaApp
 from saga_tasks.core.states import SagaStatus
+from saga_tasks.errors import SagaNotFound
+from saga_tasks.ops.views import list_view, saga_view, stuck
 from saga_tasks.persistence import samples
 from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
@@ -49,8 +51,6 @@ def mount(web: FastAPI, app: SagaApp) -> None:
         business_key: Annotated[str | None, Query(max_length=200)] = None,
         hours: Annotated[int, Query(ge=1, le=168)] = 6,
     ) -> HTMLResponse:
-        from saga_tasks.ops.views import list_view, stuck
-
         known_type = saga_type if saga_type in {d.saga_type for d in app.registry} else None
         recent = list_view(
             app, status=status, saga_type=known_type, business_key=business_key or None, limit=50
@@ -75,9 +75,6 @@ def mount(web: FastAPI, app: SagaApp) -> None:
 
     @web.get("/ui/sagas/{saga_id}", response_class=HTMLResponse, include_in_schema=False)
     def saga_page(request: Request, saga_id: str) -> HTMLResponse:
-        from saga_tasks.errors import SagaNotFound
-        from saga_tasks.ops.views import saga_view
-
         try:
             view = saga_view(app, saga_id)
         except SagaNotFound as exc:
