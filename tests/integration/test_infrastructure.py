@@ -238,6 +238,30 @@ def test_migrated_schema_matches_the_declared_tables(isolation):
     assert real == []
 
 
+def test_a_participants_tables_come_from_the_library_as_it_declares_them(isolation):
+    from saga_tasks import Participant
+    from saga_tasks.persistence.schema import create_participant_tables, drop_participant_tables
+
+    greeter = Participant("greeter")
+    engine = create_engine(isolation.database_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        create_participant_tables(conn, greeter.schema)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "include_schemas": True,
+                "include_name": lambda name, type_, _p: type_ != "schema" or name == "greeter",
+                "compare_type": True,
+            },
+        )
+        assert compare_metadata(context, greeter.metadata) == []
+    with engine.begin() as conn:
+        drop_participant_tables(conn, greeter.schema)
+    assert scalar(engine, "SELECT count(*) FROM pg_tables WHERE schemaname = 'greeter'") == 0
+    engine.dispose()
+
+
 def test_topology_declares_twice_and_names_a_mismatch(isolation):
     topology = Topology(command_queues=("inventory.commands",))
     first = declare_topology(isolation.broker_url, topology)
