@@ -1,6 +1,7 @@
 # One image for every saga_tasks process: migrate, orchestrator, participants, beat, Flower.
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# The wheel is the library alone; the example (participants/, migrations/) is imported from /app.
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PYTHONPATH=/app
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY saga_tasks ./saga_tasks

@@ -57,12 +57,13 @@ def services() -> None:
 def template_database(services: None) -> Iterator[str]:
     from sqlalchemy.engine import make_url
 
+    from participants import MIGRATIONS
     from saga_tasks.ops.services import upgrade
 
     name = f"{PREFIX}template"
     url = make_url(ADMIN_URL).set(database=name).render_as_string(False)
     create_database(url)
-    upgrade(url)
+    upgrade(url, [MIGRATIONS])  # the saga schema, then the example's
     from saga_tasks.persistence.db import dispose_all
 
     dispose_all()

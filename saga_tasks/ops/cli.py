@@ -105,25 +105,41 @@ def db() -> None:
 @click.option("--create/--no-create", default=True, help="Create the database if it is missing.")
 @click.pass_obj
 def db_upgrade(obj: _Context, create: bool) -> None:
-    """Apply every migration (safe to run again, and concurrently)."""
+    """Apply every migration: the saga schema's, then the app's (safe to run again, and
+    concurrently). Without --app or SAGA_TASKS_APP, the saga schema's only."""
     from saga_tasks.ops import services
 
-    url = obj.settings.database_url
+    url, migrations = _migration_target(obj)
     with _errors():
         if create and services.ensure_database(url):
             click.echo("created the database")
-        revision = services.upgrade(url)
-    click.echo(f"schema at revision {revision}")
+        revisions = services.upgrade(url, migrations)
+    for name, revision in revisions:
+        click.echo(f"{name} at revision {revision}")
+    if not obj.app_spec:
+        click.echo("no app named (--app or SAGA_TASKS_APP): the saga schema only", err=True)
 
 
 @db.command("current")
 @click.pass_obj
 def db_current(obj: _Context) -> None:
-    """Print the schema's revision."""
+    """Print each chain's revision: the saga schema's, then the app's."""
     from saga_tasks.ops import services
 
+    url, migrations = _migration_target(obj)
     with _errors():
-        click.echo(services.current_revision(obj.settings.database_url) or "none")
+        revisions = services.current_revisions(url, migrations)
+    for name, revision in revisions:
+        click.echo(f"{name} {revision}")
+
+
+def _migration_target(obj: _Context) -> tuple[str, tuple[str, ...]]:
+    """The database and the app's chains; an app only when one is named explicitly, so
+    that the saga schema can be migrated where no app is installed yet."""
+    if not obj.app_spec:
+        return obj.settings.database_url, ()
+    app = obj.app()
+    return app.settings.database_url, tuple(app.migrations)
 
 
 @main.group()

@@ -125,3 +125,30 @@ def test_check_names_redis_when_it_is_away(env):
     assert result.returncode == 3
     assert "cannot reach Redis at redis://:***@127.0.0.1:5999/0" in result.stderr
     assert cli("check", env=env).returncode == 0
+
+
+def test_the_examples_seed_fills_in_what_is_missing_and_leaves_the_rest(isolation):
+    from click.testing import CliRunner
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    from participants.seed import seed_command
+    from tests.integration.helpers import scalar
+
+    runner = CliRunner()
+    env = isolation.env()
+    first = runner.invoke(seed_command, [], env=env)
+    assert (first.exit_code, first.output) == (
+        0,
+        "stocked 12 new SKUs, opened 21 new customers\n",
+    )
+    engine = create_engine(isolation.database_url, poolclass=NullPool)
+    with engine.begin() as conn:  # an order holds stock
+        conn.execute(text("UPDATE inventory.stock SET reserved = 2 WHERE sku = 'sku-1'"))
+    again = runner.invoke(seed_command, [], env=env)
+    assert again.output == "stocked 0 new SKUs, opened 0 new customers\n"
+    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2
+    reset = runner.invoke(seed_command, ["--reset"], env=env)
+    assert reset.output == "set 12 SKUs and 21 customers to the demo's values\n"
+    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
+    engine.dispose()

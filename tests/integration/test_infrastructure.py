@@ -16,7 +16,7 @@ from sqlalchemy.pool import NullPool
 
 from saga_tasks.errors import TopologyMismatch
 from saga_tasks.messaging.topology import Topology, declare_topology
-from saga_tasks.ops.services import current_revision, upgrade
+from saga_tasks.ops.services import current_revision, current_revisions, upgrade
 from saga_tasks.persistence.tables import saga_outbox
 from saga_tasks.runtime.outlet import relay
 from saga_tasks.testing import Isolation, queue_depths
@@ -114,10 +114,12 @@ def test_recovery_with_the_broker_away_keeps_the_rows(order_app, settings):
 
 
 def test_migrations_from_empty_twice_and_concurrently(template_database):
+    from participants import MIGRATIONS
+
     with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX) as iso:
         url = iso.database_url
         # Three deploy jobs at once, as separate processes (Alembic is not thread-safe).
-        env = {**os.environ, **iso.env()}
+        env = {**os.environ, **iso.env(SAGA_TASKS_APP="participants.app:saga_app")}
         jobs = [
             subprocess.Popen(
                 [sys.executable, "-m", "saga_tasks.ops.cli", "db", "upgrade"],
@@ -130,15 +132,21 @@ def test_migrations_from_empty_twice_and_concurrently(template_database):
         ]
         outputs = [job.communicate(timeout=120)[0] for job in jobs]
         assert [job.returncode for job in jobs] == [0, 0, 0], outputs
-        assert all("schema at revision 0005" in out for out in outputs)
-        assert upgrade(url) == "0005"
-        assert current_revision(url) == "0005"
+        assert all(
+            "saga_tasks at revision 0001\nparticipants at revision 0001" in out for out in outputs
+        )
+        heads = [("saga_tasks", "0001"), ("participants", "0001")]
+        assert upgrade(url, [MIGRATIONS]) == heads
+        assert current_revisions(url, [MIGRATIONS]) == heads
+        assert current_revision(url) == "0001"
         engine = create_engine(url, poolclass=NullPool)
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT count(*) FROM saga.alembic_version")).scalar() == 1
+            for version_table in ("saga.alembic_version", "example.alembic_version"):
+                assert conn.execute(text(f"SELECT count(*) FROM {version_table}")).scalar() == 1
             tables = conn.execute(
                 text(
-                    "SELECT count(*) FROM pg_tables WHERE schemaname IN ('saga','orders','inventory','payments')"
+                    "SELECT count(*) FROM pg_tables "
+                    "WHERE schemaname IN ('saga','orders','inventory','payments')"
                 )
             ).scalar()
         engine.dispose()
@@ -148,7 +156,50 @@ def test_migrations_from_empty_twice_and_concurrently(template_database):
         declared = len(metadata.tables) + sum(
             len(p.metadata.tables) for p in saga_app.participants.values()
         )
-        assert tables == declared + 1  # and Alembic's version table
+        assert tables == declared + 1  # and the saga schema's version table
+
+
+def test_the_saga_schema_migrates_without_any_app(template_database):
+    from participants import MIGRATIONS
+    from saga_tasks.persistence.tables import metadata
+
+    with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX) as iso:
+        url = iso.database_url
+        alone = subprocess.run(
+            [sys.executable, "-m", "saga_tasks.ops.cli", "db", "upgrade"],
+            env={k: v for k, v in {**os.environ, **iso.env()}.items() if k != "SAGA_TASKS_APP"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert alone.returncode == 0, alone.stderr
+        assert alone.stdout == "saga_tasks at revision 0001\n"
+        assert "the saga schema only" in alone.stderr
+
+        def schemas() -> dict[str, int]:
+            engine = create_engine(url, poolclass=NullPool)
+            with engine.connect() as conn:
+                rows = conn.execute(
+                    text(
+                        "SELECT schemaname, count(*) FROM pg_tables "
+                        "WHERE schemaname NOT IN ('pg_catalog', 'information_schema') "
+                        "GROUP BY schemaname"
+                    )
+                )
+                counts = dict(rows.all())
+            engine.dispose()
+            return counts
+
+        assert schemas() == {"saga": len(metadata.tables) + 1}
+        assert current_revisions(url, [MIGRATIONS]) == [
+            ("saga_tasks", "0001"),
+            ("participants", "none"),
+        ]
+        assert "example" not in schemas()  # reading revisions created nothing
+        # The example's chain comes later, on top, with a version table of its own.
+        assert upgrade(url, [MIGRATIONS])[1] == ("participants", "0001")
+        assert set(schemas()) == {"saga", "example", "orders", "inventory", "payments"}
 
 
 def test_migrated_schema_matches_the_declared_tables(isolation):
@@ -185,6 +236,30 @@ def test_migrated_schema_matches_the_declared_tables(isolation):
         and not (d[0] == "remove_table" and d[1].name == "alembic_version")
     ]
     assert real == []
+
+
+def test_a_participants_tables_come_from_the_library_as_it_declares_them(isolation):
+    from saga_tasks import Participant
+    from saga_tasks.persistence.schema import create_participant_tables, drop_participant_tables
+
+    greeter = Participant("greeter")
+    engine = create_engine(isolation.database_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        create_participant_tables(conn, greeter.schema)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "include_schemas": True,
+                "include_name": lambda name, type_, _p: type_ != "schema" or name == "greeter",
+                "compare_type": True,
+            },
+        )
+        assert compare_metadata(context, greeter.metadata) == []
+    with engine.begin() as conn:
+        drop_participant_tables(conn, greeter.schema)
+    assert scalar(engine, "SELECT count(*) FROM pg_tables WHERE schemaname = 'greeter'") == 0
+    engine.dispose()
 
 
 def test_topology_declares_twice_and_names_a_mismatch(isolation):
