@@ -42,6 +42,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+import participants
 from saga_tasks.config import Settings
 from saga_tasks.ops.processes import WorkerProcess, exit_on_sigterm, wait_for
 
@@ -817,7 +818,7 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
     )
     from saga_tasks.ops.services import upgrade
 
-    upgrade(database_url)
+    upgrade(database_url, [participants.MIGRATIONS])
     from participants.app import saga_app
     from participants.seed import seed
     from saga_tasks.messaging.topology import declare_topology

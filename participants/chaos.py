@@ -49,6 +49,7 @@ from typing import Any
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
+import participants
 from participants.chaos_checks import (
     check_invariants,
     evidence,
@@ -226,7 +227,7 @@ def _settings_env(args: Any, database_url: str, broker_url: str) -> dict[str, st
 
 def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
     os.environ.update(_settings_env(args, database_url, broker_url))
-    upgrade(database_url)
+    upgrade(database_url, [participants.MIGRATIONS])
     from participants.app import saga_app
     from participants.seed import seed
     from saga_tasks.messaging.topology import declare_topology
