@@ -1,30 +1,26 @@
-"""Checking the backing services and migrating the schema, with errors that name the service."""
+"""Checking the backing services, with errors that name the service; migrating the schema
+(``persistence.migrate``), gathered for the CLI."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
-from sqlalchemy import Connection, create_engine, text
-from sqlalchemy.pool import NullPool
+import redis
 
 from saga_tasks.config import Settings, mask_url
-from saga_tasks.errors import ConfigurationError, ServiceUnavailable
+from saga_tasks.errors import ServiceUnavailable
 from saga_tasks.messaging.admin import check_broker
 from saga_tasks.persistence.admin import ensure_database
-from saga_tasks.persistence.db import check_database, translated
-from saga_tasks.persistence.schema import lock_migrations
-
-LIBRARY_CHAIN = "saga_tasks"
-"""Name of the saga schema's chain in reports; an app's chain is named after its folder."""
+from saga_tasks.persistence.db import check_database
+from saga_tasks.persistence.migrate import (
+    chains,
+    current_revision,
+    current_revisions,
+    migrations_dir,
+    upgrade,
+)
 
 
 def check_redis(url: str) -> None:
     """Raise ``ServiceUnavailable`` unless Redis answers PING at ``url``."""
-    import redis
-
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
         client.ping()
@@ -42,104 +38,6 @@ def check_all(settings: Settings) -> None:
 def _describe(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
-
-
-def migrations_dir() -> Path:
-    """The library's Alembic chain: shipped inside the wheel, or in a checkout's migrations/."""
-    package = Path(__file__).resolve().parent.parent
-    for candidate in (package / "_migrations", package.parent / "migrations" / "saga_tasks"):
-        if (candidate / "env.py").exists():
-            return candidate
-    raise ConfigurationError("cannot find the migrations directory")
-
-
-def chains(migrations: Sequence[str | Path] = ()) -> list[tuple[str, Path]]:
-    """The library's chain, then each of ``migrations``, named for reports."""
-    found = [(LIBRARY_CHAIN, migrations_dir())]
-    for location in migrations:
-        path = Path(location).resolve()
-        if not (path / "env.py").exists():
-            raise ConfigurationError(f"{location} is not an Alembic script directory (no env.py)")
-        found.append((path.name, path))
-    return found
-
-
-def upgrade(url: str, migrations: Sequence[str | Path] = ()) -> list[tuple[str, str]]:
-    """Bring the saga schema, then each chain of ``migrations``, to head; return each
-    chain's revision. One transaction under one advisory lock: two runs at once
-    serialize, and a failing chain leaves every chain as it was."""
-    from alembic import command
-    from alembic.util import CommandError
-
-    found = chains(migrations)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
-    try:
-        with translated(url), engine.connect() as conn, conn.begin():
-            lock_migrations(conn)
-            for name, path in found:
-                try:
-                    command.upgrade(_alembic_config(path, url, conn), "head")
-                except CommandError as exc:  # e.g. a revision this chain does not know
-                    raise ConfigurationError(f"migrating {name}: {exc}") from exc
-            return [(name, _revision(path, url, conn)) for name, path in found]
-    finally:
-        engine.dispose()
-
-
-def current_revisions(url: str, migrations: Sequence[str | Path] = ()) -> list[tuple[str, str]]:
-    """Each chain's revision (``none`` for a chain never applied); changes nothing."""
-    found = chains(migrations)
-    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
-    try:
-        with translated(url), engine.connect() as conn:
-            revisions = [(name, _revision(path, url, conn)) for name, path in found]
-            conn.rollback()  # a chain's env.py may have created its version table's schema
-            return revisions
-    finally:
-        engine.dispose()
-
-
-def _alembic_config(path: Path, url: str, conn: Connection) -> Any:
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(path))
-    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    cfg.attributes["connection"] = conn
-    return cfg
-
-
-def _revision(path: Path, url: str, conn: Connection) -> str:
-    """The chain's revision, read through its own env.py (which knows its version table)."""
-    from alembic.runtime.environment import EnvironmentContext
-    from alembic.script import ScriptDirectory
-
-    cfg = _alembic_config(path, url, conn)
-    script = ScriptDirectory.from_config(cfg)
-    heads: list[str] = []
-
-    def read(rev: Any, _context: Any) -> list[Any]:
-        heads.extend(str(r) for r in rev)
-        return []
-
-    with EnvironmentContext(cfg, script, fn=read, dont_mutate=True):
-        script.run_env()
-    return ",".join(heads) or "none"
-
-
-def current_revision(url: str) -> str | None:
-    """The saga schema's revision, read without Alembic (None: never migrated)."""
-    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
-    try:
-        with translated(url), engine.connect() as conn:
-            exists = conn.execute(text("SELECT to_regclass('saga.alembic_version')")).scalar()
-            if exists is None:
-                return None
-            value = conn.execute(text("SELECT version_num FROM saga.alembic_version")).scalar()
-            return str(value) if value is not None else None
-    finally:
-        engine.dispose()
 
 
 __all__ = [

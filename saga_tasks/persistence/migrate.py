@@ -1,0 +1,114 @@
+"""The schema's migrations: the library's Alembic chain, then an app's own chains, in one
+transaction under one advisory lock, and the revision each chain is at."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.environment import EnvironmentContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, create_engine, text
+from sqlalchemy.pool import NullPool
+
+from saga_tasks.errors import ConfigurationError
+from saga_tasks.persistence.db import translated
+from saga_tasks.persistence.schema import lock_migrations
+
+LIBRARY_CHAIN = "saga_tasks"
+"""Name of the saga schema's chain in reports; an app's chain is named after its folder."""
+
+
+def migrations_dir() -> Path:
+    """The library's Alembic chain: shipped inside the wheel, or in a checkout's migrations/."""
+    package = Path(__file__).resolve().parent.parent  # saga_tasks/
+    for candidate in (package / "_migrations", package.parent / "migrations" / "saga_tasks"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise ConfigurationError("cannot find the migrations directory")
+
+
+def chains(migrations: Sequence[str | Path] = ()) -> list[tuple[str, Path]]:
+    """The library's chain, then each of ``migrations``, named for reports."""
+    found = [(LIBRARY_CHAIN, migrations_dir())]
+    for location in migrations:
+        path = Path(location).resolve()
+        if not (path / "env.py").exists():
+            raise ConfigurationError(f"{location} is not an Alembic script directory (no env.py)")
+        found.append((path.name, path))
+    return found
+
+
+def upgrade(url: str, migrations: Sequence[str | Path] = ()) -> list[tuple[str, str]]:
+    """Bring the saga schema, then each chain of ``migrations``, to head; return each
+    chain's revision. One transaction under one advisory lock: two runs at once
+    serialize, and a failing chain leaves every chain as it was."""
+    found = chains(migrations)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with translated(url), engine.connect() as conn, conn.begin():
+            lock_migrations(conn)
+            for name, path in found:
+                try:
+                    command.upgrade(_alembic_config(path, url, conn), "head")
+                except CommandError as exc:  # e.g. a revision this chain does not know
+                    raise ConfigurationError(f"migrating {name}: {exc}") from exc
+            return [(name, _revision(path, url, conn)) for name, path in found]
+    finally:
+        engine.dispose()
+
+
+def current_revisions(url: str, migrations: Sequence[str | Path] = ()) -> list[tuple[str, str]]:
+    """Each chain's revision (``none`` for a chain never applied); changes nothing."""
+    found = chains(migrations)
+    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with translated(url), engine.connect() as conn:
+            revisions = [(name, _revision(path, url, conn)) for name, path in found]
+            conn.rollback()  # a chain's env.py may have created its version table's schema
+            return revisions
+    finally:
+        engine.dispose()
+
+
+def _alembic_config(path: Path, url: str, conn: Connection) -> Any:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(path))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["connection"] = conn
+    return cfg
+
+
+def _revision(path: Path, url: str, conn: Connection) -> str:
+    """The chain's revision, read through its own env.py (which knows its version table)."""
+    cfg = _alembic_config(path, url, conn)
+    script = ScriptDirectory.from_config(cfg)
+    heads: list[str] = []
+
+    def read(rev: Any, _context: Any) -> list[Any]:
+        heads.extend(str(r) for r in rev)
+        return []
+
+    with EnvironmentContext(cfg, script, fn=read, dont_mutate=True):
+        script.run_env()
+    return ",".join(heads) or "none"
+
+
+def current_revision(url: str) -> str | None:
+    """The saga schema's revision, read without Alembic (None: never migrated)."""
+    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with translated(url), engine.connect() as conn:
+            exists = conn.execute(text("SELECT to_regclass('saga.alembic_version')")).scalar()
+            if exists is None:
+                return None
+            value = conn.execute(text("SELECT version_num FROM saga.alembic_version")).scalar()
+            return str(value) if value is not None else None
+    finally:
+        engine.dispose()
