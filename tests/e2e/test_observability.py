@@ -15,8 +15,7 @@ from sqlalchemy import text
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
 from saga_tasks.web import create_web_app
-from tests.conftest import ANA_TOKEN
-from tests.integration.helpers import ORDER, drain, rows, run_command, run_reply, scalar
+from tests.helpers import ANA_TOKEN, ORDER, drain, rows, run_command, run_reply, scalar
 
 
 def free_port() -> int:
@@ -81,7 +80,7 @@ def test_one_trace_per_saga_across_processes(settings, workers, tmp_path):
     from dataclasses import replace
 
     from saga_tasks.observability import tracing
-    from tests.conftest import build_order_app
+    from tests.helpers import build_order_app
 
     spans_file = tmp_path / "spans.jsonl"
     export = f"file:{spans_file}"

@@ -10,7 +10,7 @@ from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
-from tests.integration.helpers import ORDER, rows, scalar
+from tests.helpers import ORDER, rows, scalar
 
 
 def test_happy_path(order_app, workers):

@@ -27,8 +27,7 @@ from participants.chaos_services import (
     plan_outages,
 )
 from saga_tasks.ops.processes import wait_for
-from tests.conftest import ADMIN_URL, PREFIX
-from tests.integration.helpers import ORDER, pump, scalar
+from tests.helpers import ADMIN_URL, ORDER, PREFIX, pump, scalar
 
 SAGAS = 80
 

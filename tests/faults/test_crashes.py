@@ -8,7 +8,7 @@ import pytest
 
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.testing import queue_depths, wait_for
-from tests.integration.helpers import ORDER, rows, scalar
+from tests.helpers import ORDER, rows, scalar
 
 PARTICIPANT_QUEUES = ["orders.commands", "inventory.commands", "payments.commands"]
 

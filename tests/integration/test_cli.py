@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.integration.helpers import ORDER
+from tests.helpers import ORDER
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -133,7 +133,7 @@ def test_the_examples_seed_fills_in_what_is_missing_and_leaves_the_rest(isolatio
     from sqlalchemy.pool import NullPool
 
     from participants.seed import seed_command
-    from tests.integration.helpers import scalar
+    from tests.helpers import scalar
 
     runner = CliRunner()
     env = isolation.env()

@@ -20,8 +20,7 @@ from saga_tasks.observability import metrics
 from saga_tasks.persistence import db
 from saga_tasks.persistence.tables import saga_outbox
 from saga_tasks.runtime.outlet import SyncOutlet, relay
-from tests.conftest import ADMIN_URL
-from tests.integration.helpers import ORDER, drain, pump, scalar
+from tests.helpers import ADMIN_URL, ORDER, drain, pump, scalar
 
 
 def _failures() -> float:

@@ -20,8 +20,7 @@ from saga_tasks.ops.services import current_revision, current_revisions, upgrade
 from saga_tasks.persistence.tables import saga_outbox
 from saga_tasks.runtime.outlet import relay
 from saga_tasks.testing import Isolation, queue_depths
-from tests.conftest import ADMIN_URL, PREFIX
-from tests.integration.helpers import ORDER, drain, scalar
+from tests.helpers import ADMIN_URL, ORDER, PREFIX, drain, scalar
 
 
 def _unpublish_and_age(engine, seconds: int = 60) -> None:

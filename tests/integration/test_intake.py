@@ -10,7 +10,7 @@ from saga_tasks.core.states import SagaStatus
 from saga_tasks.runtime import invalid
 from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import queue_depths, wait_for
-from tests.integration.helpers import rows
+from tests.helpers import rows
 from tests.integration.test_operators import events, reject_one, to_reserve
 
 NUL = "\x00"

@@ -16,8 +16,7 @@ from saga_tasks.ops.operator import act
 from saga_tasks.ops.views import held_list, held_show, stuck
 from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import queue_depths
-from tests.conftest import build_order_app
-from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
+from tests.helpers import ORDER, build_order_app, drain, pump, rows, run_command, run_reply, scalar
 
 
 def to_reserve(app, url, key):

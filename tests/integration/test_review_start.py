@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from saga_tasks.testing import queue_depths
-from tests.integration.helpers import ORDER, scalar
+from tests.helpers import ORDER, scalar
 
 UNPUBLISHED = "SELECT count(*) FROM saga.outbox WHERE published_at IS NULL"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 from saga_tasks.core.states import Classification, SagaStatus
-from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
+from tests.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
 
 
 def test_the_order_saga_completes(order_app, settings):

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from saga_tasks import BusinessKeyConflict, InputError, InvalidPayload, UnknownSagaType
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import queue_depths
-from tests.integration.helpers import ORDER, drain, rows, scalar
+from tests.helpers import ORDER, drain, rows, scalar
 
 
 def test_start_writes_the_saga_and_publishes_the_first_command(order_app, settings):

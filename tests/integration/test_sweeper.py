@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from saga_tasks.core.states import SagaStatus, StepStatus
-from tests.integration.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
+from tests.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
 
 
 def create_and_advance_to_reserve(app, broker_url, key):

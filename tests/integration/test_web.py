@@ -14,8 +14,7 @@ from sqlalchemy import text
 
 from saga_tasks.observability.logs import JsonFormatter
 from saga_tasks.web import create_web_app
-from tests.conftest import ANA_TOKEN
-from tests.integration.helpers import ORDER, drain, pump, run_command, run_reply, scalar
+from tests.helpers import ANA_TOKEN, ORDER, drain, pump, run_command, run_reply, scalar
 
 AUTH = {"Authorization": f"Bearer {ANA_TOKEN}"}
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import build_order_app
-from tests.integration.helpers import ORDER, drain, scalar
+from tests.helpers import ORDER, build_order_app, drain, scalar
 
 RACERS = 16
 

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.testing import Isolation, WorkerProcess, wait_for
-from tests.conftest import ADMIN_URL, PREFIX
+from tests.helpers import ADMIN_URL, PREFIX
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
