@@ -607,7 +607,7 @@ def bench(ctx: click.Context) -> None:
     Options: --sagas N --unloaded N --long N --sweep --json (see --help).
     """
     try:
-        from participants.bench import main as bench_main
+        from tools.bench.cli import main as bench_main
     except ImportError as exc:
         _fail(f"the benchmark needs the example participants: {exc}", EXIT_CONFIG)
     with _errors():
@@ -628,7 +628,7 @@ def chaos(ctx: click.Context) -> None:
     Options: --sagas N --seconds S --kill-every S --json --here --keep (see --help).
     """
     try:
-        from participants.chaos import main as chaos_main
+        from tools.chaos.runner import main as chaos_main
     except ImportError as exc:
         _fail(f"the chaos run needs the example participants: {exc}", EXIT_CONFIG)
     with _errors():

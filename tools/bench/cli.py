@@ -104,14 +104,15 @@ class Bench:
     # -- processes --------------------------------------------------------------------------
 
     def workers(
-        self, app: str, queues: Sequence[Sequence[str]], env: dict[str, str]
+        self, app: str, queues: Sequence[Sequence[str]], env: dict[str, str], label: str
     ) -> list[WorkerProcess]:
+        """One worker process per entry of ``queues``, named ``<label>-<i>-<first queue>``."""
         started = []
         for i, qs in enumerate(queues):
             w = WorkerProcess(
                 app,
                 queues=qs,
-                name=f"{app.rsplit('.', 1)[-1]}-{i}-{qs[0]}",
+                name=f"{label}-{i}-{qs[0]}",
                 pool=self.args.pool,
                 concurrency=self.args.concurrency,
                 env={**self.env, **env},
@@ -297,11 +298,14 @@ class Bench:
         os.environ["SAGA_BROKER_URL"] = self.broker_url
         import importlib
 
-        import participants.bench_baseline as baseline
+        from tools.bench import baseline
 
         baseline = importlib.reload(baseline)
         workers = self.workers(
-            "participants.bench_baseline", [["bench.a"], ["bench.b"], ["bench.c"]], env
+            "tools.bench.baseline",
+            [["bench.a"], ["bench.b"], ["bench.c"]],
+            env,
+            label="bench_baseline",
         )
         name = ("durable_chain" if durable else "chain") + ("_stock" if stock else "")
         try:
@@ -324,7 +328,7 @@ class Bench:
             ["inventory.commands"],
             ["payments.commands"],
         ]
-        workers = self.workers("participants.app", queues, {})
+        workers = self.workers("participants.app", queues, {}, label="app")
         items = SagaItems(saga_app, self.engine, mixed)
         try:
             result = self.run("saga_mixed" if mixed else "saga", items, workers, self.args.sagas)
