@@ -400,10 +400,8 @@ def summary(
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.demo", description=__doc__.splitlines()[0]
-    )
+def main(argv: Sequence[str] | None = None, prog: str = "python -m tools.demo") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--sagas", type=int, default=250, help="sagas to start (default 250)")
     parser.add_argument(
         "--rate", type=float, default=20.0, help="sagas started per second (default 20)"
