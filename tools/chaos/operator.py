@@ -5,7 +5,7 @@ message, a running or a compensating saga), looks at it with the function ``saga
 uses, chooses one of the actions that fit what it sees (retry a step or its
 compensation, skip a step, compensate, replay a held message) and takes it through the
 function the CLI takes it with (``saga_tasks.ops.operator.act``,
-``saga_tasks.runtime.holding.replay``), stating the version it looked at. A saga that moved
+``SagaApp.replayer.replay``), stating the version it looked at. A saga that moved
 meanwhile refuses the action (``VersionMismatch``), as it would refuse a person; so
 does a state the action does not fit (``ActionRefused``). A replay the checks refuse
 is sometimes forced, with a reason, to put the fences behind the checks to the test.
