@@ -99,7 +99,12 @@ def web_bench(args: Any, database_url: str, broker_url: str) -> dict[str, Any]:
         "participants.app",
         name="web",
         role="web",
-        env={**os.environ, "SAGA_DATABASE_URL": database_url, "SAGA_BROKER_URL": broker_url},
+        env={
+            **os.environ,
+            "SAGA_DATABASE_URL": database_url,
+            "SAGA_BROKER_URL": broker_url,
+            "SAGA_TASKS_APP": "participants.app:saga_app",
+        },
         log_dir=Path(args.log_dir),
         extra_args=("--port", str(port)),
     )
