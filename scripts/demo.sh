@@ -5,7 +5,7 @@
 #   ./scripts/demo.sh            run; stay up for Flower until Ctrl-C when run in a terminal
 #   ./scripts/demo.sh --exit     run, print the summary, stop everything
 #   ./scripts/demo.sh --stop     stop a demo left running (and services it started)
-#   ./scripts/demo.sh --sagas 500 --rate 40   (any option of python -m participants.demo)
+#   ./scripts/demo.sh --sagas 500 --rate 40   (any option of python -m tools.demo)
 set -euo pipefail
 source "$(dirname "$0")/services.sh"
 cd "$ROOT"
@@ -17,7 +17,7 @@ export SAGA_TASKS_APP="${SAGA_TASKS_APP:-participants.app:saga_app}"
 
 if [ "${1:-}" = "--stop" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then
-    "$ROOT/.venv/bin/python" -m participants.demo --stop || true
+    "$ROOT/.venv/bin/python" -m tools.demo --stop || true
   fi
   stop_started_services
   exit 0
@@ -32,4 +32,4 @@ say "migrating $SAGA_DATABASE_URL"
 saga-tasks db upgrade
 saga-tasks broker declare >/dev/null
 say "running the demo"
-python -m participants.demo "$@"
+python -m tools.demo "$@"

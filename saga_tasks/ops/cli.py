@@ -3,14 +3,20 @@
 Exit codes: 0 success, 1 configuration problem, 2 bad input (malformed JSON, unknown
 saga type or id, invalid payload), 3 a backing service cannot be reached. Errors are
 one line on stderr, never a stack trace.
+
+Other distributions add commands through the entry-point group ``saga_tasks.commands``,
+each entry a ``click.Command``. A command is imported only when it is run or listed by
+``--help``; one that cannot be imported is an error naming it, with exit code 1.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, NoReturn
 
 import click
@@ -26,6 +32,9 @@ from saga_tasks.errors import (
 EXIT_CONFIG = 1
 EXIT_INPUT = 2
 EXIT_UNAVAILABLE = 3
+
+COMMANDS_GROUP = "saga_tasks.commands"
+"""Entry-point group of the commands other distributions add to ``saga-tasks``."""
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -73,7 +82,62 @@ def _emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
         render(data)
 
 
-@click.group()
+@functools.cache
+def _plugins() -> dict[str, EntryPoint]:
+    """The commands installed distributions add, by name; nothing is imported yet."""
+    return {entry.name: entry for entry in entry_points(group=COMMANDS_GROUP)}
+
+
+def _load(entry: EntryPoint) -> click.Command:
+    try:
+        command = entry.load()
+    except Exception as exc:  # noqa: BLE001 - a plugin's import may fail in any way
+        return _broken(entry, f"{type(exc).__name__}: {exc}")
+    if not isinstance(command, click.Command):
+        return _broken(entry, f"{entry.value} is not a click command")
+    return command
+
+
+def _broken(entry: EntryPoint, why: str) -> click.Command:
+    """A stand-in that lists in ``--help`` and, when run, fails naming the plugin."""
+    origin = f"entry point {entry.value}" + (f" of {entry.dist.name}" if entry.dist else "")
+
+    def fail() -> None:
+        _fail(f"the command {entry.name!r} cannot be loaded ({origin}): {why}", EXIT_CONFIG)
+
+    return click.Command(
+        entry.name,
+        callback=fail,
+        short_help="(cannot be loaded; run it to see why)",
+        context_settings={
+            "ignore_unknown_options": True,
+            "allow_extra_args": True,
+            "help_option_names": [],
+        },
+    )
+
+
+class _Commands(click.Group):
+    """The built-in commands, then those of plugins (``saga_tasks.commands``), loaded only
+    when run or listed. A built-in command keeps its name against a plugin's."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_plugins()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        entry = _plugins().get(cmd_name)
+        return None if entry is None else _load(entry)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # A plugin's command speaks the CLI's exit codes without importing this module.
+        with _errors():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Commands)
 @click.option("--app", "app_spec", envvar="SAGA_TASKS_APP", help="module:attribute of the SagaApp.")
 @click.pass_context
 def main(ctx: click.Context, app_spec: str | None) -> None:
@@ -591,48 +655,6 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
 
 main.add_command(_held_group("dead_letter", "dlq", "Messages taken off the dead-letter queue."))
 main.add_command(_held_group("parking", "parking", "Messages taken off the parking lot."))
-
-
-@main.command(
-    context_settings={
-        "ignore_unknown_options": True,
-        "allow_extra_args": True,
-        "help_option_names": [],
-    }
-)
-@click.pass_context
-def bench(ctx: click.Context) -> None:
-    """Benchmark the order saga against bare and durable Celery chains, side by side.
-
-    Options: --sagas N --unloaded N --long N --sweep --json (see --help).
-    """
-    try:
-        from participants.bench import main as bench_main
-    except ImportError as exc:
-        _fail(f"the benchmark needs the example participants: {exc}", EXIT_CONFIG)
-    with _errors():
-        sys.exit(bench_main(ctx.args))
-
-
-@main.command(
-    context_settings={
-        "ignore_unknown_options": True,
-        "allow_extra_args": True,
-        "help_option_names": [],
-    }
-)
-@click.pass_context
-def chaos(ctx: click.Context) -> None:
-    """Run order sagas under injected faults and random SIGKILLs, then check invariants.
-
-    Options: --sagas N --seconds S --kill-every S --json --here --keep (see --help).
-    """
-    try:
-        from participants.chaos import main as chaos_main
-    except ImportError as exc:
-        _fail(f"the chaos run needs the example participants: {exc}", EXIT_CONFIG)
-    with _errors():
-        sys.exit(chaos_main(ctx.args))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,22 +12,22 @@ import time
 
 from sqlalchemy import text
 
-from participants.chaos_checks import (
+from saga_tasks.ops.processes import wait_for
+from tests.helpers import ADMIN_URL, ORDER, PREFIX, pump, scalar
+from tools.chaos.checks import (
     Done,
     check_invariants,
     lost_messages,
     operator_accounting,
 )
-from participants.chaos_monitor import Monitor
-from participants.chaos_services import (
+from tools.chaos.monitor import Monitor
+from tools.chaos.services import (
     BROKER,
     DATABASE,
     OutageRunner,
     ServiceControl,
     plan_outages,
 )
-from saga_tasks.ops.processes import wait_for
-from tests.helpers import ADMIN_URL, ORDER, PREFIX, pump, scalar
 
 SAGAS = 80
 

@@ -62,3 +62,11 @@ def test_only_persistence_speaks_sql_and_only_messaging_speaks_amqp():
         imports = _imports(path)
         if any(i.startswith("kombu") or i.startswith("amqp") for i in imports):
             assert rel.startswith(("messaging/", "worker/", "ops/", "testing/")), rel
+
+
+def test_neither_the_library_nor_the_example_imports_the_tools():
+    root = PACKAGE.parent
+    for tree in (PACKAGE, root / "participants"):
+        for path in tree.rglob("*.py"):
+            tools = {i for i in _imports(path) if i.split(".")[0] == "tools"}
+            assert not tools, f"{path.relative_to(root)} imports {tools}"

@@ -16,16 +16,16 @@ person retries it; a poison message). While they run:
 - a random process is SIGKILLed every few seconds and the supervisor restarts it;
 - RabbitMQ is stopped and started again (``--broker-restarts``), and so is PostgreSQL
   (``--db-restarts``), each down for ``--outage`` seconds: every worker, beat and
-  publisher loses its connections and must find its way back (``chaos_services``);
+  publisher loses its connections and must find its way back (``services``);
 - an operator acts at random (``--operator-every``): retry-step, skip-step, compensate,
   and replays of held messages, some forced, through the functions the CLI calls
-  (``chaos_operator``);
+  (``operator``);
 - a monitor samples the database for active sagas with nothing in flight and no
-  future wake-up, and for sagas the sweeper claims without progress (``chaos_monitor``).
+  future wake-up, and for sagas the sweeper claims without progress (``monitor``).
 
 When every saga has ended (or waits for a person), and every planned restart is done,
 it stops the chaos, lets the queues drain, and checks from the database that no
-invariant broke and nothing published was lost (``chaos_checks``). It prints what it
+invariant broke and nothing published was lost (``checks``). It prints what it
 injected and what it found (``--json``: one object whose ``violations`` lists every
 broken invariant) and exits 1 on any violation.
 """
@@ -50,19 +50,19 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
 import participants
-from participants.chaos_checks import (
+from saga_tasks.config import Settings
+from saga_tasks.ops.processes import Supervisor, WorkerProcess, exit_on_sigterm, wait_for
+from tools.chaos.checks import (
     check_invariants,
     evidence,
     lost_messages,
     operator_accounting,
     saga_ids_in,
 )
-from participants.chaos_monitor import Monitor
-from participants.chaos_operator import RandomOperator
-from participants.chaos_report import observed, report_text, review_reasons
-from participants.chaos_services import OutageRunner, ServiceControl, plan_outages
-from saga_tasks.config import Settings
-from saga_tasks.ops.processes import Supervisor, WorkerProcess, exit_on_sigterm, wait_for
+from tools.chaos.monitor import Monitor
+from tools.chaos.operator import RandomOperator
+from tools.chaos.report import observed, report_text, review_reasons
+from tools.chaos.services import OutageRunner, ServiceControl, plan_outages
 
 __all__ = ["FAULTS", "check_invariants", "main", "run"]
 

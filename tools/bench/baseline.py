@@ -1,6 +1,6 @@
 """The baselines the benchmark measures the order saga against: a chain of three tasks.
 
-    celery -A participants.bench_baseline worker -Q bench.a      (and bench.b, bench.c)
+    celery -A tools.bench.baseline worker -Q bench.a      (and bench.b, bench.c)
 
 Baseline A (``BENCH_DURABLE`` unset): three no-op tasks, each on its own queue,
 ``acks_late``, no database, no publisher confirms: Celery alone. Baseline B

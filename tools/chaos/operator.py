@@ -5,13 +5,13 @@ message, a running or a compensating saga), looks at it with the function ``saga
 uses, chooses one of the actions that fit what it sees (retry a step or its
 compensation, skip a step, compensate, replay a held message) and takes it through the
 function the CLI takes it with (``saga_tasks.ops.operator.act``,
-``saga_tasks.runtime.holding.replay``), stating the version it looked at. A saga that moved
+``SagaApp.replayer.replay``), stating the version it looked at. A saga that moved
 meanwhile refuses the action (``VersionMismatch``), as it would refuse a person; so
 does a state the action does not fit (``ActionRefused``). A replay the checks refuse
 is sometimes forced, with a reason, to put the fences behind the checks to the test.
 
 Each attempt is recorded with its outcome; the accepted ones are checked against the
-sagas' history at the end of the run (``chaos_checks.operator_accounting``).
+sagas' history at the end of the run (``checks.operator_accounting``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from participants.chaos_checks import Done
 from saga_tasks.errors import (
     ActionRefused,
     InputError,
@@ -34,6 +33,7 @@ from saga_tasks.errors import (
     ServiceUnavailable,
     VersionMismatch,
 )
+from tools.chaos.checks import Done
 
 ACTOR = "chaos-operator"
 POOLS = {"MANUAL_REVIEW": 4, "held": 3, "RUNNING": 2, "COMPENSATING": 1}

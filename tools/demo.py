@@ -1,6 +1,6 @@
 """The demo: real workers, beat and Flower, and a stream of order sagas through every path.
 
-    python -m participants.demo [--sagas 250] [--rate 20] [--exit | --keep] [--stop]
+    python -m tools.demo [--sagas 250] [--rate 20] [--exit | --keep] [--stop]
 
 Starts the orchestrator, one worker per participant queue, beat and Flower; seeds
 stock and customers; starts the sagas at a steady rate with a known mix of paths
@@ -400,10 +400,8 @@ def summary(
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m participants.demo", description=__doc__.splitlines()[0]
-    )
+def main(argv: Sequence[str] | None = None, prog: str = "python -m tools.demo") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--sagas", type=int, default=250, help="sagas to start (default 250)")
     parser.add_argument(
         "--rate", type=float, default=20.0, help="sagas started per second (default 20)"

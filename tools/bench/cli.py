@@ -1,0 +1,195 @@
+"""The benchmark: the order saga against two Celery baselines, in one run, on one layout.
+
+    saga-tasks bench [--sagas 2000] [--unloaded 200] [--long [50000]] [--sweep] [--json]
+
+It makes its own vhost and database (unless ``--here``), and for each configuration
+starts the same worker layout (one worker process per queue, same pool, same
+prefetch), then measures:
+
+- **chain** (baseline A): a Celery chain of three no-op tasks on three queues,
+  ``acks_late``, no database, no publisher confirms;
+- **durable_chain** (baseline B): the same chain, each task one PostgreSQL transaction
+  (insert a row, update a row under a version check), publishes confirmed;
+- **saga**: the order saga, every guarantee on (outbox, inbox, ledgers, confirms, acks
+  after commit), every step succeeding;
+- **saga_mixed**: the same with 20% of sagas declined by payments and compensated.
+
+For each: throughput for a burst of N (first start to last final state), completion
+latency p50/p95/p99 in that burst and unloaded (one at a time), peak RSS of each
+worker process, and PostgreSQL write transactions and RabbitMQ publishes per item,
+counted from transaction ids and the management API. ``--long N`` runs N more sagas and
+reports worker RSS growth between 10k and N. ``--sweep`` measures the timeout
+sweeper on a table of 1,000,000 sagas with 0, 1,000 and 10,000 due, with the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+import participants
+from saga_tasks.config import Settings
+from saga_tasks.ops.processes import exit_on_sigterm
+from tools.bench.report import Result, build_report, print_report
+from tools.bench.runner import Bench
+from tools.bench.sweep import sweep_bench
+from tools.bench.web import web_bench
+
+CONFIGURATIONS = ("chain_stock", "chain", "durable_chain", "saga", "saga_mixed")
+
+
+def reset_sagas(database_url: str) -> None:
+    """Empty the saga tables, so a phase measures the table size it made."""
+    engine = create_engine(database_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "TRUNCATE saga.saga_instance, saga.saga_step, saga.saga_history, saga.outbox, "
+                "saga.inbox"
+            )
+        )
+    engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="saga-tasks bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--sagas", type=int, default=2000, help="burst size (default 2000)")
+    parser.add_argument("--unloaded", type=int, default=200, help="items timed one at a time")
+    parser.add_argument(
+        "--long",
+        type=int,
+        nargs="?",
+        const=50_000,
+        default=0,
+        help="also run N more sagas (default 50000) and report worker RSS growth from 10k to N",
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="also benchmark the sweeper on 1M sagas"
+    )
+    parser.add_argument("--sweep-rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--web", action="store_true", help="also time the dashboard and API at 1k and 100k sagas"
+    )
+    parser.add_argument("--web-rows", type=int, default=100_000)
+    parser.add_argument("--web-requests", type=int, default=20, help="requests per page")
+    parser.add_argument("--web-port", type=int, default=8799)
+    parser.add_argument(
+        "--only", default=",".join(CONFIGURATIONS), help="comma-separated configurations"
+    )
+    parser.add_argument("--pool", default="solo", choices=["solo", "prefork", "threads"])
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument(
+        "--orchestrators", type=int, default=1, help="worker processes on saga.replies"
+    )
+    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--starters", type=int, default=4, help="threads starting the burst")
+    parser.add_argument("--log-level", default="WARNING", help="worker log level, the same for all")
+    parser.add_argument("--json", action="store_true", help="print one JSON object, no table")
+    parser.add_argument("--save", metavar="PATH", help="also write the JSON report to PATH")
+    parser.add_argument(
+        "--here", action="store_true", help="use SAGA_DATABASE_URL and SAGA_BROKER_URL"
+    )
+    parser.add_argument("--log-dir", default=".bench/logs")
+    args = parser.parse_args(argv)
+    from saga_tasks.ops.isolation import Isolation
+
+    base = Settings.from_env()
+    admin = (
+        make_url(base.database_url).set(database="postgres").render_as_string(hide_password=False)
+    )
+    isolation = None if args.here else Isolation(admin_database_url=admin, prefix="saga_bench_")
+    with exit_on_sigterm():
+        if isolation is not None:
+            isolation.__enter__()
+        try:
+            database_url = isolation.database_url if isolation else base.database_url
+            broker_url = isolation.broker_url if isolation else base.broker_url
+            vhost = isolation.ident if isolation else "/"
+            return _main(args, database_url, broker_url, vhost)
+        finally:
+            if isolation is not None:
+                isolation.__exit__(None, None, None)
+
+
+def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
+    os.environ.update(
+        {
+            "SAGA_DATABASE_URL": database_url,
+            "SAGA_BROKER_URL": broker_url,
+            "SAGA_LOG_LEVEL": "WARNING",
+        }
+    )
+    from saga_tasks.ops.services import upgrade
+
+    upgrade(database_url, [participants.MIGRATIONS])
+    from participants.app import saga_app
+    from participants.seed import seed
+    from saga_tasks.messaging.topology import declare_topology
+
+    declare_topology(broker_url, saga_app.topology)
+    seed(
+        saga_app.engine,
+        {f"sku-{i}": 10**9 for i in range(1, 11)},
+        {"c-1": 2**31 - 1, "c-low": 1_000},
+    )
+    with saga_app.engine.begin() as conn:
+        conn.execute(text("CREATE SCHEMA IF NOT EXISTS bench"))
+        conn.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS bench.chain_row (id bigserial PRIMARY KEY, chain_id text, step text, at timestamptz DEFAULT now())"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS bench.chain_state (chain_id text PRIMARY KEY, version int NOT NULL)"
+            )
+        )
+    bench = Bench(args, database_url, broker_url, vhost)
+    results: dict[str, Result] = {}
+    wanted = args.only.split(",")
+    try:
+        for name in CONFIGURATIONS:
+            if name not in wanted:
+                continue
+            if "chain" in name:
+                results[name] = bench.chain(
+                    durable=name.startswith("durable"), stock=name.endswith("_stock")
+                )
+            else:
+                results[name] = bench.saga(mixed=name == "saga_mixed")
+        sweep = web = None
+        if args.sweep:
+            reset_sagas(database_url)
+            sweep = sweep_bench(args, database_url, broker_url)
+        if args.web:
+            reset_sagas(database_url)
+            web = web_bench(args, database_url, broker_url)
+    finally:
+        saga_app.close()  # publishes of the sweep confirmed and marked before the drop
+        bench.redis.delete(bench.done_key)
+        from saga_tasks.messaging.celery_config import forget_beat_state
+
+        forget_beat_state(saga_app.settings)
+    report = build_report(args, results, sweep)
+    report["web"] = web
+    if args.save:
+        Path(args.save).write_text(json.dumps(report, indent=2, default=str))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
