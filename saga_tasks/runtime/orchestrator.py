@@ -271,104 +271,81 @@ class Orchestrator:
         ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
         """
         step = (headers or {}).get("saga_step")
-        with self.tracing.span(
-            f"saga.reply {step}", (headers or {}).get("traceparent"), **tracing.attributes(headers)
-        ):
-            return self._handle_reply(
-                message_id,
-                headers,
-                body,
-                routing_key=routing_key,
-                redelivered=redelivered,
-                raise_invalid=raise_invalid,
-            )
-
-    def _handle_reply(
-        self,
-        message_id: str,
-        headers: Mapping[str, Any] | None,
-        body: Any,
-        *,
-        routing_key: str | None = None,
-        redelivered: bool = False,
-        raise_invalid: bool = False,
-    ) -> Classification:
-        """Apply one reply; every outcome is written down.
-
-        A message that makes no sense is recorded and returns INVALID, or with
-        ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
-        """
-        try:
-            saga_id, reply = parse_reply(message_id, headers, body)
-        except InvalidMessage as exc:
-            invalid.record(
-                self.engine,
-                consumer=ORCHESTRATOR,
-                reason=exc.reason,
-                queue=REPLY_QUEUE,
-                routing_key=routing_key,
-                task_name="saga_tasks.reply",
-                message_id=message_id,
-                headers=headers,
-                body=body,
-            )
-            if raise_invalid:
-                raise
-            return Classification.INVALID
-        now = self.clock.now()
-        messages: list[OutboundMessage] = []
-        with translated(self.engine.url), self.engine.begin() as conn:
-            new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
-            if not new:
-                if state is not None:
-                    sagas.append_note(
-                        conn,
-                        state,
-                        event="duplicate_message",
-                        reason="message already consumed",
-                        message_id=message_id,
-                        now=now,
+        traceparent = (headers or {}).get("traceparent")
+        with self.tracing.span(f"saga.reply {step}", traceparent, **tracing.attributes(headers)):
+            try:
+                saga_id, reply = parse_reply(message_id, headers, body)
+            except InvalidMessage as exc:
+                invalid.record(
+                    self.engine,
+                    consumer=ORCHESTRATOR,
+                    reason=exc.reason,
+                    queue=REPLY_QUEUE,
+                    routing_key=routing_key,
+                    task_name="saga_tasks.reply",
+                    message_id=message_id,
+                    headers=headers,
+                    body=body,
+                )
+                if raise_invalid:
+                    raise
+                return Classification.INVALID
+            now = self.clock.now()
+            messages: list[OutboundMessage] = []
+            with translated(self.engine.url), self.engine.begin() as conn:
+                new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
+                if not new:
+                    if state is not None:
+                        sagas.append_note(
+                            conn,
+                            state,
+                            event="duplicate_message",
+                            reason="message already consumed",
+                            message_id=message_id,
+                            now=now,
+                        )
+                    metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
+                    fields: dict[str, Any] = {"saga_id": saga_id, "message_id": message_id}
+                    if state is not None:
+                        fields = log_fields(
+                            state, message_id, status_before=state.status, status_after=state.status
+                        )
+                    log.info("duplicate message ignored", extra={**fields, "step": reply.step})
+                    return Classification.DUPLICATE
+                if state is None:
+                    reason = f"reply for unknown saga {saga_id}"
+                else:
+                    decision, messages = self._apply(
+                        conn, state, reply, now, causation_id=message_id
                     )
-                metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
-                fields: dict[str, Any] = {"saga_id": saga_id, "message_id": message_id}
-                if state is not None:
-                    fields = log_fields(
-                        state, message_id, status_before=state.status, status_after=state.status
-                    )
-                log.info("duplicate message ignored", extra={**fields, "step": reply.step})
-                return Classification.DUPLICATE
-            if state is None:
-                reason = f"reply for unknown saga {saga_id}"
-            else:
-                decision, messages = self._apply(conn, state, reply, now, causation_id=message_id)
-                reason = next((h.reason or "" for h in decision.history), "")
-        if state is None or decision.classification is Classification.INVALID:
-            invalid.record(
-                self.engine,
-                consumer=ORCHESTRATOR,
-                reason=reason,
-                queue=REPLY_QUEUE,
-                routing_key=routing_key,
-                task_name="saga_tasks.reply",
-                message_id=message_id,
-                headers=headers,
-                body=body,
-            )
-            if raise_invalid:
-                raise InvalidMessage(reason)
-            return Classification.INVALID
-        observe(state, decision, message_id)
-        probe = None
-        if not redelivered and decision.classification is Classification.ACCEPTED:
-            fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
-            probe = self.hooks.reply(state, reply.step, fields)
-        if probe is not None:
-            probe.committed()
-        outlet = self._outlet()
-        outlet.send(saga_outbox, messages)
-        if probe is not None:
-            probe.sent(outlet.flush)
-        return decision.classification
+                    reason = next((h.reason or "" for h in decision.history), "")
+            if state is None or decision.classification is Classification.INVALID:
+                invalid.record(
+                    self.engine,
+                    consumer=ORCHESTRATOR,
+                    reason=reason,
+                    queue=REPLY_QUEUE,
+                    routing_key=routing_key,
+                    task_name="saga_tasks.reply",
+                    message_id=message_id,
+                    headers=headers,
+                    body=body,
+                )
+                if raise_invalid:
+                    raise InvalidMessage(reason)
+                return Classification.INVALID
+            observe(state, decision, message_id)
+            probe = None
+            if not redelivered and decision.classification is Classification.ACCEPTED:
+                fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
+                probe = self.hooks.reply(state, reply.step, fields)
+            if probe is not None:
+                probe.committed()
+            outlet = self._outlet()
+            outlet.send(saga_outbox, messages)
+            if probe is not None:
+                probe.sent(outlet.flush)
+            return decision.classification
 
     def _apply(
         self,

@@ -121,113 +121,90 @@ class ParticipantRuntime:
         A message that makes no sense is recorded and returns ``"invalid"``, or with
         ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
         """
-        with self.tracing.span(
-            f"saga.command {handler.task_name}",
-            (headers or {}).get("traceparent"),
-            **tracing.attributes(headers),
-        ):
-            return self._execute(
-                handler,
-                message_id=message_id,
-                headers=headers,
-                body=body,
-                redelivered=redelivered,
-                raise_invalid=raise_invalid,
+        traceparent = (headers or {}).get("traceparent")
+        name = f"saga.command {handler.task_name}"
+        with self.tracing.span(name, traceparent, **tracing.attributes(headers)):
+            engine = self._engine()
+            try:
+                command = parse_command(message_id, headers, body)
+                if command.kind is not handler.kind:
+                    raise InvalidMessage(
+                        f"a {command.kind.value} message reached {handler.task_name}"
+                    )
+            except InvalidMessage as exc:
+                invalid.record(
+                    engine,
+                    consumer=self.participant.name,
+                    reason=exc.reason,
+                    queue=self.participant.queue,
+                    task_name=handler.task_name,
+                    message_id=message_id,
+                    headers=headers,
+                    body=body,
+                )
+                if raise_invalid:
+                    raise
+                return "invalid"
+            fields = {
+                "saga_id": command.saga_id,
+                "saga_type": command.headers.get(H_SAGA_TYPE),
+                "message_id": message_id,
+                "causation_id": command.headers.get(H_CAUSATION_ID),
+                "step": command.step,
+                "command_id": command.command_id,
+                "participant": self.participant.name,
+                "correlation_id": command.correlation_id,
+                "trace_id": tracing.trace_id(command.traceparent),
+            }
+            retries = int((headers or {}).get("saga_retry") or 0)
+            fresh = not redelivered and command.attempt == 1 and retries == 0
+            probe = self.hooks.command(
+                handler.task_name, command, fresh=fresh, retries=retries, fields=fields
             )
-
-    def _execute(
-        self,
-        handler: Handler,
-        *,
-        message_id: str,
-        headers: Mapping[str, Any] | None,
-        body: Any,
-        redelivered: bool,
-        raise_invalid: bool = False,
-    ) -> str:
-        """Handle one delivery; return what happened (for logs and tests).
-
-        A message that makes no sense is recorded and returns ``"invalid"``, or with
-        ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
-        """
-        engine = self._engine()
-        try:
-            command = parse_command(message_id, headers, body)
-            if command.kind is not handler.kind:
-                raise InvalidMessage(f"a {command.kind.value} message reached {handler.task_name}")
-        except InvalidMessage as exc:
-            invalid.record(
-                engine,
+            if probe is not None:
+                probe.received()
+            try:
+                with translated(engine.url), engine.begin() as conn:
+                    if probe is not None:
+                        probe.begun()
+                    reply, duplicate = self._handle(conn, handler, command, probe, fields)
+                    if probe is not None and not duplicate:
+                        probe.before_commit()
+            except BusinessRejection as rejection:
+                # Rolled back whole, partial writes with it; the refusal in a transaction
+                # of its own (a success needs no savepoint, which is two round trips).
+                log.info(
+                    "%s refused: %s",
+                    handler.task_name,
+                    rejection.code,
+                    extra={**fields, "code": rejection.code},
+                )
+                with translated(engine.url), engine.begin() as conn:
+                    reply, duplicate = self._refuse(conn, handler, command, rejection, fields)
+                    if probe is not None and not duplicate:
+                        probe.before_commit()
+            if duplicate:
+                probe = None  # probes follow the first execution of a command only
+            if probe is not None:
+                probe.committed()
+            self._outlet().send(self.participant.outbox, [reply])
+            if probe is not None:
+                probe.sent(reply, self._publisher())
+            outcome = "duplicate" if duplicate else str(reply.body.get("outcome"))
+            metrics.MESSAGES.labels(
                 consumer=self.participant.name,
-                reason=exc.reason,
-                queue=self.participant.queue,
-                task_name=handler.task_name,
-                message_id=message_id,
-                headers=headers,
-                body=body,
-            )
-            if raise_invalid:
-                raise
-            return "invalid"
-        fields = {
-            "saga_id": command.saga_id,
-            "saga_type": command.headers.get(H_SAGA_TYPE),
-            "message_id": message_id,
-            "causation_id": command.headers.get(H_CAUSATION_ID),
-            "step": command.step,
-            "command_id": command.command_id,
-            "participant": self.participant.name,
-            "correlation_id": command.correlation_id,
-            "trace_id": tracing.trace_id(command.traceparent),
-        }
-        retries = int((headers or {}).get("saga_retry") or 0)
-        fresh = not redelivered and command.attempt == 1 and retries == 0
-        probe = self.hooks.command(
-            handler.task_name, command, fresh=fresh, retries=retries, fields=fields
-        )
-        if probe is not None:
-            probe.received()
-        try:
-            with translated(engine.url), engine.begin() as conn:
-                if probe is not None:
-                    probe.begun()
-                reply, duplicate = self._handle(conn, handler, command, probe, fields)
-                if probe is not None and not duplicate:
-                    probe.before_commit()
-        except BusinessRejection as rejection:
-            # Rolled back whole, partial writes with it; the refusal in a transaction
-            # of its own (a success needs no savepoint, which is two round trips).
+                classification="duplicate" if duplicate else "accepted",
+            ).inc()
+            # The command's state in the ledger before and after this message.
+            after = str(reply.body.get("outcome"))
+            before = after if duplicate else "new"
             log.info(
-                "%s refused: %s",
+                "%s handled: %s",
                 handler.task_name,
-                rejection.code,
-                extra={**fields, "code": rejection.code},
+                outcome,
+                extra={**fields, "status_before": before, "status_after": after},
             )
-            with translated(engine.url), engine.begin() as conn:
-                reply, duplicate = self._refuse(conn, handler, command, rejection, fields)
-                if probe is not None and not duplicate:
-                    probe.before_commit()
-        if duplicate:
-            probe = None  # probes follow the first execution of a command only
-        if probe is not None:
-            probe.committed()
-        self._outlet().send(self.participant.outbox, [reply])
-        if probe is not None:
-            probe.sent(reply, self._publisher())
-        outcome = "duplicate" if duplicate else str(reply.body.get("outcome"))
-        metrics.MESSAGES.labels(
-            consumer=self.participant.name, classification="duplicate" if duplicate else "accepted"
-        ).inc()
-        # The command's state in the ledger before and after this message.
-        after = str(reply.body.get("outcome"))
-        before = after if duplicate else "new"
-        log.info(
-            "%s handled: %s",
-            handler.task_name,
-            outcome,
-            extra={**fields, "status_before": before, "status_after": after},
-        )
-        return outcome
+            return outcome
 
     def _claim(self, handler: Handler, command: Command) -> ledger_sql.Claim:
         return ledger_sql.Claim(
