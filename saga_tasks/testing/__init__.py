@@ -1,6 +1,7 @@
 """Help for testing sagas against real services, shipped so users test theirs as we test ours.
 
-- ``Isolation``: a RabbitMQ vhost and a PostgreSQL database of one's own, removed after.
+- ``Isolation``: a RabbitMQ vhost and a PostgreSQL database of one's own, removed after;
+  ``ready(app)`` migrates it and declares the app's topology there.
 - ``pump``, ``drain``, ``run_command``, ``run_reply``: move a deployment's messages through
   its real queues in the test's own process, deterministically, without workers.
 - ``FakeClock``: a clock the test moves, so timeouts fire when the test says.
@@ -15,10 +16,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saga_tasks.core.clock import FakeClock
 from saga_tasks.core.states import SagaStatus
+from saga_tasks.messaging.topology import declare_topology
 from saga_tasks.ops.isolation import (
     Isolation,
     RabbitAdmin,
@@ -28,8 +30,12 @@ from saga_tasks.ops.isolation import (
     queue_depths,
 )
 from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
+from saga_tasks.persistence.migrate import upgrade
 from saga_tasks.testing.invariants import Report, check_invariants
 from saga_tasks.testing.pump import drain, pump, run_command, run_reply
+
+if TYPE_CHECKING:
+    from saga_tasks.app import SagaApp
 
 __all__ = [
     "FakeClock",
@@ -45,6 +51,7 @@ __all__ = [
     "list_databases",
     "pump",
     "queue_depths",
+    "ready",
     "run_command",
     "run_reply",
     "wait_for",
@@ -74,3 +81,11 @@ def wait_for_status(
         return f"saga {saga_id} in {sorted(s.value for s in wanted)} (it is {now})"
 
     return wait_for(reached, timeout=timeout, interval=0.05, describe=describe)
+
+
+def ready(app: SagaApp) -> SagaApp:
+    """What a deploy does before workers start: migrate the app's database (the saga
+    schema, then ``app.migrations``) and declare its topology on its broker."""
+    upgrade(app.settings.database_url, app.migrations)
+    declare_topology(app.settings.broker_url, app.topology)
+    return app
