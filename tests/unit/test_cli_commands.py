@@ -45,7 +45,7 @@ def plugins(monkeypatch):
         "odd": _entry("odd", f"{here}:NOT_A_COMMAND"),
         "list": _entry("list", f"{here}:hello"),
     }
-    monkeypatch.setattr(cli, "_plugins", lambda: found)
+    monkeypatch.setattr(cli.plugins, "find", lambda: found)
     return found
 
 

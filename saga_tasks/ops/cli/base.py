@@ -1,0 +1,74 @@
+"""What every command shares: exit codes, errors as one line, the app named by --app."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import click
+
+from saga_tasks.config import Settings
+from saga_tasks.errors import (
+    ConfigurationError,
+    InputError,
+    SagaTasksError,
+    ServiceUnavailable,
+)
+
+EXIT_CONFIG = 1
+EXIT_INPUT = 2
+EXIT_UNAVAILABLE = 3
+
+COMMANDS_GROUP = "saga_tasks.commands"
+"""Entry-point group of the commands other distributions add to ``saga-tasks``."""
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """One line on stderr, then the exit code: never a stack trace."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def errors() -> Iterator[None]:
+    try:
+        yield
+    except InputError as exc:
+        fail(str(exc), EXIT_INPUT)
+    except ServiceUnavailable as exc:
+        fail(str(exc), EXIT_UNAVAILABLE)
+    except ConfigurationError as exc:
+        fail(str(exc), EXIT_CONFIG)
+    except SagaTasksError as exc:
+        fail(str(exc), EXIT_CONFIG)
+
+
+class Context:
+    """The ``--app`` given, and the app and settings loaded only when a command asks."""
+
+    def __init__(self, app_spec: str | None) -> None:
+        self.app_spec = app_spec
+        self._app: Any = None
+
+    @property
+    def settings(self) -> Settings:
+        with errors():
+            return Settings.from_env()
+
+    def app(self) -> Any:
+        if self._app is None:
+            from saga_tasks.app import load_app
+
+            with errors():
+                self._app = load_app(self.app_spec or self.settings.app)
+        return self._app
+
+
+def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        render(data)

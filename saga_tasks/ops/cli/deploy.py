@@ -1,0 +1,104 @@
+"""Checking the services, migrating the schema, declaring the topology, serving the web app."""
+
+from __future__ import annotations
+
+import click
+
+from saga_tasks.ops.cli.base import (
+    Context,
+    errors,
+)
+
+
+@click.command()
+@click.pass_obj
+def check(obj: Context) -> None:
+    """Check that PostgreSQL, RabbitMQ and Redis answer."""
+    from saga_tasks.ops import services
+
+    settings = obj.settings
+    with errors():
+        services.check_all(settings)
+    click.echo("PostgreSQL, RabbitMQ and Redis answer")
+
+
+@click.group()
+def db() -> None:
+    """The database schema."""
+
+
+@db.command("upgrade")
+@click.option("--create/--no-create", default=True, help="Create the database if it is missing.")
+@click.pass_obj
+def db_upgrade(obj: Context, create: bool) -> None:
+    """Apply every migration: the saga schema's, then the app's (safe to run again, and
+    concurrently). Without --app or SAGA_TASKS_APP, the saga schema's only."""
+    from saga_tasks.ops import services
+
+    url, migrations = _migration_target(obj)
+    with errors():
+        if create and services.ensure_database(url):
+            click.echo("created the database")
+        revisions = services.upgrade(url, migrations)
+    for name, revision in revisions:
+        click.echo(f"{name} at revision {revision}")
+    if not obj.app_spec:
+        click.echo("no app named (--app or SAGA_TASKS_APP): the saga schema only", err=True)
+
+
+@db.command("current")
+@click.pass_obj
+def db_current(obj: Context) -> None:
+    """Print each chain's revision: the saga schema's, then the app's."""
+    from saga_tasks.ops import services
+
+    url, migrations = _migration_target(obj)
+    with errors():
+        revisions = services.current_revisions(url, migrations)
+    for name, revision in revisions:
+        click.echo(f"{name} {revision}")
+
+
+def _migration_target(obj: Context) -> tuple[str, tuple[str, ...]]:
+    """The database and the app's chains; an app only when one is named explicitly, so
+    that the saga schema can be migrated where no app is installed yet."""
+    if not obj.app_spec:
+        return obj.settings.database_url, ()
+    app = obj.app()
+    return app.settings.database_url, tuple(app.migrations)
+
+
+@click.group()
+def broker() -> None:
+    """The RabbitMQ topology."""
+
+
+@broker.command("declare")
+@click.pass_obj
+def broker_declare(obj: Context) -> None:
+    """Declare every exchange and queue (idempotent; reports argument drift)."""
+    from saga_tasks.messaging.topology import declare_topology
+
+    app = obj.app()
+    with errors():
+        names = declare_topology(app.settings.broker_url, app.topology)
+    click.echo(f"declared {len(names)} queues: {', '.join(names)}")
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.pass_obj
+def web(obj: Context, host: str, port: int) -> None:
+    """Serve the HTTP API, /metrics and the dashboard."""
+    import uvicorn
+
+    from saga_tasks.observability.logs import configure_logging
+    from saga_tasks.web import create_web_app
+
+    app = obj.app()
+    configure_logging(app.settings)  # SAGA_LOG_FORMAT and SAGA_LOG_LEVEL, as workers do
+    with errors():
+        web_app = create_web_app(app)
+    click.echo(f"saga_tasks web on http://{host}:{port} (API docs at /docs)")
+    uvicorn.run(web_app, host=host, port=port, log_level="info", access_log=False)

@@ -1,0 +1,164 @@
+"""Starting, showing and listing sagas, and the messages that made no sense."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from saga_tasks.ops.cli.base import (
+    EXIT_INPUT,
+    Context,
+    emit,
+    errors,
+    fail,
+)
+
+
+@click.command()
+@click.argument("saga_type")
+@click.option(
+    "--key", "business_key", required=True, help="Business key; one saga per type and key."
+)
+@click.option("--payload", required=True, help="The payload, a JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def start(obj: Context, saga_type: str, business_key: str, payload: str, as_json: bool) -> None:
+    """Start a saga (or show the one already started for KEY)."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        fail(
+            f"--payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            EXIT_INPUT,
+        )
+    app = obj.app()
+    from saga_tasks.ops import services
+    from saga_tasks.persistence.db import check_database
+
+    with errors():
+        app.registry.latest(saga_type)
+        check_database(app.settings.database_url)
+        services.check_broker(app.settings.broker_url)
+        handle = app.start_saga(saga_type, business_key, data)
+    result = {
+        "saga_id": handle.saga_id,
+        "saga_type": handle.saga_type,
+        "business_key": handle.business_key,
+        "status": handle.status.value,
+        "created": handle.created,
+    }
+    emit(
+        result,
+        as_json,
+        lambda r: click.echo(
+            f"{'started' if r['created'] else 'already started'} {r['saga_type']} saga "
+            f"{r['saga_id']} ({r['status']})"
+        ),
+    )
+
+
+@click.command()
+@click.argument("saga_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def show(obj: Context, saga_id: str, as_json: bool) -> None:
+    """Show one saga: status, steps and history."""
+    from saga_tasks.ops.views import saga_view
+
+    app = obj.app()
+    with errors():
+        view = saga_view(app, saga_id)
+    emit(view, as_json, render_saga)
+
+
+def render_saga(v: dict[str, Any]) -> None:
+    click.echo(f"saga      {v['saga_id']}")
+    click.echo(f"type      {v['saga_type']} v{v['definition_version']}   key {v['business_key']}")
+    reason = f"   ({v['status_reason']})" if v["status_reason"] else ""
+    click.echo(f"status    {v['status']}{reason}   version {v['version']}")
+    click.echo(f"created   {v['created_at']}   finished {v['finished_at'] or '-'}")
+    click.echo("\nsteps")
+    for s in v["steps"]:
+        error = f"  {s['last_error']}" if s["last_error"] else ""
+        click.echo(f"  {s['step']:<24} {s['status']:<22} attempt {s['attempt']}{error}")
+    if v.get("held_messages"):
+        click.echo("\nheld messages (saga-tasks dlq|parking show ID)")
+        for m in v["held_messages"]:
+            step = m["step"] or "-"
+            click.echo(
+                f"  {m['id']:>6}  {m['holding']:<11} {m['status']:<9} {step:<18} {m['reason']}"
+            )
+    click.echo("\nhistory")
+    for h in v["history"]:
+        step = f" [{h['step']}]" if h["step"] else ""
+        change = ""
+        if h["step_status_before"] != h["step_status_after"]:
+            change = f" {h['step_status_before']} -> {h['step_status_after']}"
+        reason = f" - {h['reason']}" if h["reason"] else ""
+        actor = f" ({h['actor']})" if h["actor"] != "system" else ""
+        click.echo(f"  {h['at']}  {h['event']}{step}{change}{actor}{reason}")
+
+
+@click.command("list")
+@click.option(
+    "--status", help="RUNNING, COMPENSATING, COMPLETED, COMPENSATED, MANUAL_REVIEW or FAILED."
+)
+@click.option("--type", "saga_type", help="Only sagas of this type.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def list_(
+    obj: Context, status: str | None, saga_type: str | None, limit: int, as_json: bool
+) -> None:
+    """List recent sagas, newest first."""
+    from saga_tasks.core.states import saga_status
+    from saga_tasks.ops.views import list_view
+
+    parsed = None
+    if status is not None:
+        try:
+            parsed = saga_status(status)
+        except ValueError as exc:
+            fail(str(exc), EXIT_INPUT)
+    app = obj.app()
+    if saga_type is not None:
+        with errors():
+            app.registry.latest(saga_type)
+    with errors():
+        view = list_view(app, status=parsed, saga_type=saga_type, limit=limit)
+
+    def render(v: dict[str, Any]) -> None:
+        if not v["sagas"]:
+            click.echo("no sagas")
+        for s in v["sagas"]:
+            click.echo(
+                f"{s['saga_id']}  {s['saga_type']:<10} {s['status']:<14} v{s['version']:<3} "
+                f"{s['created_at']}  {s['business_key']}"
+            )
+
+    emit(view, as_json, render)
+
+
+@click.command()
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def invalid(obj: Context, limit: int, as_json: bool) -> None:
+    """List messages that made no sense to a consumer, newest first."""
+    from saga_tasks.ops.views import invalid_view
+
+    app = obj.app()
+    with errors():
+        view = invalid_view(app, limit=limit)
+
+    def render(v: dict[str, Any]) -> None:
+        if not v["invalid_messages"]:
+            click.echo("no invalid messages")
+        for m in v["invalid_messages"]:
+            click.echo(
+                f"{m['received_at']}  {m['consumer']:<22} {m['message_id'] or '-'}  {m['reason']}"
+            )
+
+    emit(view, as_json, render)
