@@ -48,9 +48,9 @@ from saga_tasks.core.decider.dead_letters import on_dead_letter
 from saga_tasks.core.decider.deadlines import on_deadline
 from saga_tasks.core.decider.decision import CommandIntent, Decision, HistoryEntry
 from saga_tasks.core.decider.operator import on_operator
-from saga_tasks.core.decider.progress import dispatch_ready
 from saga_tasks.core.decider.replay import replay_awaits
 from saga_tasks.core.decider.replies import on_reply
+from saga_tasks.core.decider.start import on_started
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.events import (
@@ -104,17 +104,3 @@ def hand_over(state: SagaState, reason: str) -> Decision:
         reason=reason,
     )
     return Decision(after, (), (entry,), Classification.ACCEPTED, changed=True)
-
-
-# -- start ---------------------------------------------------------------------------------
-
-
-def on_started(tx: Transition) -> None:
-    if tx.before.version != 0:
-        tx.classification = Classification.DUPLICATE
-        tx.note("duplicate_start", reason="the saga was already started")
-        return
-    tx.changed = True
-    tx.deadline = tx.now + tx.definition.timeout
-    tx.note("saga_started", detail={"deadline": tx.deadline.isoformat()})
-    dispatch_ready(tx)
