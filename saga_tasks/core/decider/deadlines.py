@@ -32,22 +32,8 @@ def on_deadline(tx: Transition) -> None:
     # What needs a person is settled first, and then nothing at all is sent.
     if _hand_to_a_person(tx, due):
         return
-    if due.give_up or due.saga_expired:
-        _await_once_more(tx, due.resend)
-    else:
-        for s in due.resend:
-            st = tx.steps[s.name]
-            send(tx, s, st, Send.FORWARD, reason=f"attempt {st.attempt} had no answer in time")
-    for s in due.resend_compensation:
-        st = tx.steps[s.name]
-        reason = f"attempt {st.compensation_attempt} had no answer in time"
-        send(tx, s, st, Send.COMPENSATION, reason=reason)
-    for s in due.give_up:
-        give_up(tx, s, due.why)
-        if s.late_reply is LateReplyPolicy.COMPENSATE:
-            # Undo it in case it took effect; if it did not, the tombstone the
-            # compensation leaves refuses the command should it still arrive.
-            send(tx, s, tx.steps[s.name], Send.COMPENSATION)
+    _send_again(tx, due)
+    _give_up_spent(tx, due)
     if due.running and (due.saga_expired or due.give_up):
         first = due.give_up[0].name if due.give_up else None
         why = due.why if due.saga_expired or first is None else f"step {first!r} had {due.why}"
@@ -171,6 +157,32 @@ def _hand_to_a_person(tx: Transition, due: _Due) -> bool:
         )
     tx.manual_review(reason)
     return True
+
+
+def _send_again(tx: Transition, due: _Due) -> None:
+    """Commands with attempts left are sent again, forward ones only while the saga goes
+    forward; compensations whatever the saga does."""
+    if due.give_up or due.saga_expired:
+        _await_once_more(tx, due.resend)
+    else:
+        for s in due.resend:
+            st = tx.steps[s.name]
+            send(tx, s, st, Send.FORWARD, reason=f"attempt {st.attempt} had no answer in time")
+    for s in due.resend_compensation:
+        st = tx.steps[s.name]
+        reason = f"attempt {st.compensation_attempt} had no answer in time"
+        send(tx, s, st, Send.COMPENSATION, reason=reason)
+
+
+def _give_up_spent(tx: Transition, due: _Due) -> None:
+    """Forward commands whose attempts are spent are given up, and compensated at once
+    by the ``compensate`` late-reply policy."""
+    for s in due.give_up:
+        give_up(tx, s, due.why)
+        if s.late_reply is LateReplyPolicy.COMPENSATE:
+            # Undo it in case it took effect; if it did not, the tombstone the
+            # compensation leaves refuses the command should it still arrive.
+            send(tx, s, tx.steps[s.name], Send.COMPENSATION)
 
 
 def _await_once_more(tx: Transition, resend: list[Step]) -> None:
