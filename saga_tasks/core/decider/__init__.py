@@ -1,6 +1,6 @@
 """The pure decider: ``decide(definition, state, event, now) -> Decision``.
 
-All saga logic lives here and nowhere else. It reads no clock, touches no database
+All saga logic lives in this package and nowhere else. It reads no clock, touches no database
 and sends nothing: it returns the new state, the commands to send, and the history
 entries that explain the change. Every way an event can be classified (accepted,
 duplicate, late, conflicting, invalid) is an explicit branch with a history entry.
@@ -37,6 +37,13 @@ Operators (``OperatorAction``): retry a step or its compensation, skip a step (d
 or undone by hand), compensate, or resolve a saga in MANUAL_REVIEW to a final status.
 An action the saga's state does not allow raises ``ActionRefused`` with the reason;
 nothing is written.
+
+The modules: one for each family of events (``start``, ``replies``, ``deadlines``,
+``dead_letters``, ``operator``), each writing through the one transition builder
+(``transitions``) that ``decision()`` freezes into the values of ``decision``;
+``progress`` moves a saga forward or back as far as its steps allow, ``commands`` sends a
+step's command, compensation or fence, and ``replay`` says what a held message is to its
+saga.
 """
 
 from __future__ import annotations

@@ -42,15 +42,7 @@ def _forward_reply(tx: Transition, event: ReplyReceived) -> None:
     name = event.step
     st = tx.steps[name]
     if st.command_id is None or event.command_id != st.command_id:
-        cid = event.command_id
-        if superseded(tx.before.saga_id, name, MessageKind.COMMAND, cid, st) is not None:
-            _late(
-                tx,
-                event,
-                f"reply {event.outcome.value} to a command an operator retry superseded",
-            )
-            return
-        _invalid(tx, event, f"reply to command {event.command_id} which step {name!r} did not send")
+        _earlier_command_reply(tx, event, st)
         return
     success = event.outcome is Outcome.SUCCESS
     if "skipped_by" in (st.result or {}):
@@ -74,6 +66,17 @@ def _forward_reply(tx: Transition, event: ReplyReceived) -> None:
         return
     said = "success" if st.status in FORWARD_SUCCEEDED else "failure"
     _conflict(tx, event, f"step {name!r} answered {said}, now {event.outcome.value}")
+
+
+def _earlier_command_reply(tx: Transition, event: ReplyReceived, st: StepState) -> None:
+    """A reply to a command id the step no longer awaits: one an operator's retry
+    superseded, or none this saga sent."""
+    name = event.step
+    generation = superseded(tx.before.saga_id, name, MessageKind.COMMAND, event.command_id, st)
+    if generation is None:
+        _invalid(tx, event, f"reply to command {event.command_id} which step {name!r} did not send")
+    else:
+        _late(tx, event, f"reply {event.outcome.value} to a command an operator retry superseded")
 
 
 def _forward_answered(tx: Transition, event: ReplyReceived, st: StepState) -> None:
@@ -147,7 +150,7 @@ def _compensation_reply(tx: Transition, event: ReplyReceived) -> None:
     st = tx.steps[name]
     success = event.outcome is Outcome.SUCCESS
     if st.compensation_id is None or event.command_id != st.compensation_id:
-        _earlier_generation_reply(tx, event, st)
+        _earlier_compensation_reply(tx, event, st)
         return
     if st.status is StepStatus.COMPENSATING or (
         success
@@ -177,7 +180,7 @@ def _compensation_reply(tx: Transition, event: ReplyReceived) -> None:
     )
 
 
-def _earlier_generation_reply(tx: Transition, event: ReplyReceived, st: StepState) -> None:
+def _earlier_compensation_reply(tx: Transition, event: ReplyReceived, st: StepState) -> None:
     """A compensation reply to an id the step no longer awaits: a fence, an earlier
     generation that undid the step after all, or one an operator's retry superseded."""
     name = event.step
