@@ -1,0 +1,162 @@
+"""Progress: moving a saga as far as its step states allow, forward or back.
+
+Forward, every step whose parents have all succeeded is sent (fan-out), and a step waits
+for all of its parents (fan-in). Back, once a step failed, steps never sent are skipped
+and every succeeded step is undone, children before parents; a step still in flight is
+undone once it answers, and a step without a compensation stays done.
+"""
+
+from __future__ import annotations
+
+from saga_tasks.core.decider.commands import Send, send
+from saga_tasks.core.decider.transitions import Transition
+from saga_tasks.core.definitions import LateReplyPolicy
+from saga_tasks.core.model import LATE_SUCCESS
+from saga_tasks.core.states import SagaStatus, StepStatus
+
+_HOLDS_AN_EFFECT = (
+    StepStatus.REQUESTED,
+    StepStatus.SUCCEEDED,
+    StepStatus.COMPENSATING,
+    StepStatus.COMPENSATION_FAILED,
+)
+"""A step in one of these may hold an effect that its parents' compensation must follow."""
+
+
+def advance(tx: Transition, trigger: str) -> None:
+    """Move the saga as far as its step states allow."""
+    if tx.status is SagaStatus.RUNNING:
+        if any(st.status is StepStatus.FAILED for st in tx.steps.values()):
+            begin_compensation(tx, trigger)
+        else:
+            dispatch_ready(tx)
+            if all(
+                st.status is StepStatus.SUCCEEDED and not st.fencing for st in tx.steps.values()
+            ):
+                finish(tx, SagaStatus.COMPLETED, "saga_completed")
+            elif not any(st.in_flight for st in tx.steps.values()):
+                # Steps given up earlier (their outcome unknown) hold the rest back.
+                held = [n for n, st in tx.steps.items() if st.status is StepStatus.TIMED_OUT]
+                tx.manual_review(
+                    f"step {held[0]!r} was given up and nothing else is in flight: retry "
+                    "it, skip it, compensate or resolve"
+                    if held
+                    else "nothing is in flight and the saga cannot finish"
+                )
+            return
+    if tx.status is SagaStatus.COMPENSATING:
+        compensate_ready(tx)
+
+
+def dispatch_ready(tx: Transition) -> None:
+    for s in tx.definition.steps:
+        st = tx.steps[s.name]
+        if st.status is not StepStatus.PENDING:
+            continue
+        if all(tx.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on):
+            send(tx, s, st, Send.FORWARD)
+
+
+def resume_running(tx: Transition, said: str) -> None:
+    """An operator sends the saga forward again; a deadline that passed while it
+    waited for a person is renewed, or the next sweep would undo what was just sent."""
+    tx.set_status(SagaStatus.RUNNING, None)
+    if tx.deadline is not None and tx.deadline <= tx.now:
+        tx.deadline = tx.now + tx.definition.timeout
+        tx.note(
+            "deadline_renewed",
+            reason=f"the saga's deadline had passed; now {tx.deadline.isoformat()} ({said})",
+        )
+
+
+def finish(tx: Transition, status: SagaStatus, event: str) -> None:
+    # A compensated saga keeps the reason it was compensated for.
+    tx.set_status(status, tx.reason if status is SagaStatus.COMPENSATED else None)
+    tx.finished_at = tx.now
+    tx.note(event)
+
+
+def begin_compensation(tx: Transition, reason: str, *, given_up_too: bool = False) -> None:
+    tx.set_status(SagaStatus.COMPENSATING, reason)
+    never_sent = [n for n, st in tx.steps.items() if st.status is StepStatus.PENDING]
+    for name in never_sent:
+        tx.put_step(name, tx.steps[name].evolve(status=StepStatus.SKIPPED))
+    tx.note(
+        "compensation_started",
+        reason=reason,
+        detail={"skipped_steps": never_sent} if never_sent else {},
+    )
+    compensate_ready(tx, given_up_too=given_up_too)
+
+
+def compensate_ready(tx: Transition, *, given_up_too: bool = False) -> None:
+    """Undo every succeeded step none of whose descendants still holds an effect, and
+    every step given up whose policy undoes it (any, with ``given_up_too``: an
+    operator's ``compensate``); then end the saga, or hand it to a person, if nothing
+    more will answer."""
+    _send_ready_compensations(tx, given_up_too=given_up_too)
+    if not any(st.status in _HOLDS_AN_EFFECT or st.fencing for st in tx.steps.values()):
+        _settle(tx)
+        return
+    failed = [n for n, st in tx.steps.items() if st.status is StepStatus.COMPENSATION_FAILED]
+    if (
+        failed
+        and tx.status is SagaStatus.COMPENSATING
+        and not any(st.in_flight for st in tx.steps.values())
+    ):
+        # Nothing more will answer: what is left needs a person.
+        tx.manual_review(
+            f"compensation of step {failed[0]!r} failed ({tx.steps[failed[0]].error}) "
+            "and nothing else is in flight"
+        )
+
+
+def _send_ready_compensations(tx: Transition, *, given_up_too: bool) -> None:
+    # Reverse dependency order: a child is settled before its parent is looked at.
+    for s in reversed(tx.definition.steps):
+        st = tx.steps[s.name]
+        if (
+            st.status is StepStatus.TIMED_OUT
+            and s.compensable
+            and (given_up_too or s.late_reply is LateReplyPolicy.COMPENSATE)
+            and st.compensation_id is None
+        ):
+            # Given up while a person was needed elsewhere: it may have taken effect.
+            send(tx, s, st, Send.COMPENSATION)
+            continue
+        if st.status is not StepStatus.SUCCEEDED or st.fencing:
+            continue  # a fence answers first; then the step is compensated like any
+        if any(
+            tx.steps[d].status in _HOLDS_AN_EFFECT or tx.steps[d].fencing
+            for d in tx.definition.descendants(s.name)
+        ):
+            continue
+        if s.compensable:
+            send(tx, s, st, Send.COMPENSATION)
+        else:
+            tx.set_step(
+                s.name,
+                st.evolve(status=StepStatus.COMPENSATION_SKIPPED),
+                "compensation_skipped",
+                reason=f"step {s.name!r} has no compensation; its effect stays",
+            )
+
+
+def _settle(tx: Transition) -> None:
+    """Nothing holds an effect any more: the saga is compensated, unless a step that
+    succeeded after it was given up keeps its effect and a person must decide."""
+    undecided = [
+        s.name
+        for s in tx.definition.steps
+        if tx.steps[s.name].status is StepStatus.TIMED_OUT
+        and tx.steps[s.name].error == LATE_SUCCESS
+        and (not s.compensable or s.late_reply is LateReplyPolicy.MANUAL_REVIEW)
+    ]
+    if undecided:
+        if tx.status is not SagaStatus.MANUAL_REVIEW:
+            tx.manual_review(
+                f"step {undecided[0]!r} succeeded after it was given up and its effect "
+                "stays: a person must decide (compensate, or resolve)"
+            )
+        return
+    finish(tx, SagaStatus.COMPENSATED, "saga_compensated")
