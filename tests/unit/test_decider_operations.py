@@ -305,3 +305,32 @@ def test_hand_over_moves_a_saga_to_review_with_the_reason():
     assert decision.state.version == d.state.version + 1
     assert decision.state.next_wake_at() is None
     assert decision.history[0].reason == "saga type 'linear' version 9 is not loaded"
+
+
+def test_compensate_is_refused_while_a_step_that_cannot_be_undone_is_awaited():
+    """An operator compensates while the last step (no compensation: the order's confirm)
+    is in flight. Were it to succeed then, the compensation would undo what it builds on
+    and call that COMPENSATED (an order confirmed, its stock released, its payment
+    voided). The action is refused and nothing changes; once it answers, a person
+    decides with the answer in hand."""
+    d = Driver(linear(3, compensable=[True, True, False]))
+    d.start()
+    d.succeed("s0")
+    d.succeed("s1")
+    before = d.state
+    with pytest.raises(ActionRefused, match="'s2' cannot be undone and its answer is awaited"):
+        act(d, OperatorVerb.COMPENSATE)
+    assert d.state == before
+    d.succeed("s2")
+    assert d.state.status is SagaStatus.COMPLETED
+
+
+def test_a_step_that_cannot_be_undone_and_failed_siblings_keep_the_old_rule():
+    """Without an operator the definition's rule stands: a step with no compensation keeps
+    its effect while the rest is undone."""
+    d = Driver(linear(2, compensable=[False, True]))
+    d.start()
+    d.succeed("s0")
+    d.fail("s1")
+    assert d.state.status is SagaStatus.COMPENSATED
+    assert d.state.steps["s0"].status is StepStatus.COMPENSATION_SKIPPED
