@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kombu import Connection
 from sqlalchemy import text
 
 from saga_tasks.testing import Isolation, WorkerProcess, drain, pump, run_command, run_reply
@@ -23,7 +24,13 @@ __all__ = [
     "Workers",
     "build_order_app",
     "demo_faults",
+    "assert_each_effect_once",
     "drain",
+    "events",
+    "held",
+    "reject_one",
+    "statuses",
+    "to_reserve",
     "pump",
     "rows",
     "run_command",
@@ -158,3 +165,65 @@ class Workers:
     def stop_all(self) -> None:
         for worker in self.started:
             worker.stop(timeout=10)
+
+
+def statuses(app) -> dict[str, int]:
+    found = rows(app.engine, "SELECT status, count(*) AS n FROM saga.saga_instance GROUP BY status")
+    return {r["status"]: r["n"] for r in found}
+
+
+def assert_each_effect_once(app, sagas: int) -> None:
+    engine = app.engine
+    assert scalar(engine, "SELECT count(*) FROM orders.orders WHERE status = 'CONFIRMED'") == sagas
+    assert (
+        scalar(engine, "SELECT count(*) FROM inventory.reservation WHERE status = 'RESERVED'")
+        == sagas
+    )
+    assert (
+        scalar(engine, "SELECT count(*) FROM payments.authorization WHERE status = 'AUTHORIZED'")
+        == sagas
+    )
+    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2 * sagas
+    # Each step's command ran once per saga: one ledger row per command id.
+    for schema, per_saga in (("orders", 2), ("inventory", 1), ("payments", 1)):
+        assert scalar(engine, f"SELECT count(*) FROM {schema}.command_ledger") == per_saga * sagas
+    successes = scalar(
+        engine, "SELECT count(*) FROM saga.saga_history WHERE event = 'step_succeeded'"
+    )
+    assert successes == 4 * sagas, "one transition per step, whatever was redelivered"
+
+
+def to_reserve(app, url, key):
+    handle = app.start_saga("order", key, ORDER)
+    run_command(app, drain(url, "orders.commands")[0])
+    run_reply(app, drain(url, "saga.replies")[0])
+    return handle
+
+
+def reject_one(url, queue):
+    """Take one message off ``queue`` and reject it: the broker dead-letters it."""
+    with Connection(url) as conn:
+        channel = conn.channel()
+        message = channel.basic_get(queue=queue, no_ack=False)
+        assert message is not None
+        channel.basic_reject(message.delivery_tag, requeue=False)
+        channel.close()
+    return message
+
+
+def events(app, saga_id):
+    return [
+        (r["event"], r["actor"])
+        for r in rows(
+            app.engine,
+            "SELECT event, actor FROM saga.saga_history WHERE saga_id = :s ORDER BY id",
+            s=saga_id,
+        )
+    ]
+
+
+def held(app, holding: str = "dead_letter"):
+    """The held messages of one holding, oldest first."""
+    return rows(
+        app.engine, "SELECT * FROM saga.held_message WHERE holding = :h ORDER BY id", h=holding
+    )

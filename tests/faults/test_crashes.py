@@ -8,35 +8,9 @@ import pytest
 
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.testing import queue_depths, wait_for
-from tests.helpers import ORDER, rows, scalar
+from tests.helpers import ORDER, assert_each_effect_once, rows, scalar, statuses
 
 PARTICIPANT_QUEUES = ["orders.commands", "inventory.commands", "payments.commands"]
-
-
-def statuses(app) -> dict[str, int]:
-    found = rows(app.engine, "SELECT status, count(*) AS n FROM saga.saga_instance GROUP BY status")
-    return {r["status"]: r["n"] for r in found}
-
-
-def assert_each_effect_once(app, sagas: int) -> None:
-    engine = app.engine
-    assert scalar(engine, "SELECT count(*) FROM orders.orders WHERE status = 'CONFIRMED'") == sagas
-    assert (
-        scalar(engine, "SELECT count(*) FROM inventory.reservation WHERE status = 'RESERVED'")
-        == sagas
-    )
-    assert (
-        scalar(engine, "SELECT count(*) FROM payments.authorization WHERE status = 'AUTHORIZED'")
-        == sagas
-    )
-    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2 * sagas
-    # Each step's command ran once per saga: one ledger row per command id.
-    for schema, per_saga in (("orders", 2), ("inventory", 1), ("payments", 1)):
-        assert scalar(engine, f"SELECT count(*) FROM {schema}.command_ledger") == per_saga * sagas
-    successes = scalar(
-        engine, "SELECT count(*) FROM saga.saga_history WHERE event = 'step_succeeded'"
-    )
-    assert successes == 4 * sagas, "one transition per step, whatever was redelivered"
 
 
 @pytest.mark.demo_faults

@@ -13,13 +13,7 @@ from kombu import Connection
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.ops.processes import Supervisor
 from saga_tasks.testing import RabbitAdmin, wait_for, wait_for_status
-from tests.helpers import ORDER, rows, scalar
-
-
-def held(app, holding="dead_letter"):
-    return rows(
-        app.engine, "SELECT * FROM saga.held_message WHERE holding = :h ORDER BY id", h=holding
-    )
+from tests.helpers import ORDER, held, rows, scalar
 
 
 def published(isolation, queue):

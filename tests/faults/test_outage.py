@@ -21,8 +21,7 @@ from sqlalchemy.pool import NullPool
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.messaging.topology import QUORUM_DELIVERY_LIMIT
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
-from tests.faults.test_crashes import assert_each_effect_once
-from tests.helpers import ADMIN_URL, ORDER, build_order_app, rows
+from tests.helpers import ADMIN_URL, ORDER, assert_each_effect_once, build_order_app, rows
 
 HOLDING = ["saga.dead_letter", "saga.parking_lot"]
 

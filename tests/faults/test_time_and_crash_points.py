@@ -8,8 +8,7 @@ import pytest
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
-from tests.faults.test_crashes import assert_each_effect_once
-from tests.helpers import ORDER, rows, scalar
+from tests.helpers import ORDER, assert_each_effect_once, rows, scalar
 
 
 def history(app, saga_id):

@@ -10,8 +10,7 @@ from saga_tasks.core.states import SagaStatus
 from saga_tasks.runtime import invalid
 from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import queue_depths, wait_for
-from tests.helpers import rows
-from tests.integration.test_operators import events, reject_one, to_reserve
+from tests.helpers import events, held, reject_one, rows, to_reserve
 
 NUL = "\x00"
 
@@ -25,12 +24,6 @@ def publish_dead_letter(url: str, headers: dict, body: bytes = b"[[], {}, {}]") 
         )
         channel.basic_publish(message, exchange="saga.dlx", routing_key="inventory.commands")
         channel.close()
-
-
-def held(app, holding=DEAD_LETTER):
-    return rows(
-        app.engine, "SELECT * FROM saga.held_message WHERE holding = :h ORDER BY id", h=holding
-    )
 
 
 def test_a_held_message_with_a_nul_in_its_headers_is_stored_escaped_not_left_first(

@@ -7,7 +7,6 @@ work queue and rejected without requeue, so it really passes through the DLX.
 from __future__ import annotations
 
 import pytest
-from kombu import Connection
 from sqlalchemy import text
 
 from saga_tasks.core.states import SagaStatus, StepStatus
@@ -16,36 +15,19 @@ from saga_tasks.ops.operator import act
 from saga_tasks.ops.views import held_list, held_show, stuck
 from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import queue_depths
-from tests.helpers import ORDER, build_order_app, drain, pump, rows, run_command, run_reply, scalar
-
-
-def to_reserve(app, url, key):
-    handle = app.start_saga("order", key, ORDER)
-    run_command(app, drain(url, "orders.commands")[0])
-    run_reply(app, drain(url, "saga.replies")[0])
-    return handle
-
-
-def reject_one(url, queue):
-    """Take one message off ``queue`` and reject it: the broker dead-letters it."""
-    with Connection(url) as conn:
-        channel = conn.channel()
-        message = channel.basic_get(queue=queue, no_ack=False)
-        assert message is not None
-        channel.basic_reject(message.delivery_tag, requeue=False)
-        channel.close()
-    return message
-
-
-def events(app, saga_id):
-    return [
-        (r["event"], r["actor"])
-        for r in rows(
-            app.engine,
-            "SELECT event, actor FROM saga.saga_history WHERE saga_id = :s ORDER BY id",
-            s=saga_id,
-        )
-    ]
+from tests.helpers import (
+    ORDER,
+    build_order_app,
+    drain,
+    events,
+    pump,
+    reject_one,
+    rows,
+    run_command,
+    run_reply,
+    scalar,
+    to_reserve,
+)
 
 
 def test_a_dead_letter_is_recorded_against_its_saga_and_compensates_it(order_app, settings):

@@ -17,8 +17,7 @@ from saga_tasks.messaging.topology import QUORUM_DELIVERY_LIMIT
 from saga_tasks.ops.views import held_list, held_show
 from saga_tasks.runtime.holding import DEAD_LETTER
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
-from tests.helpers import ORDER, build_order_app, drain, run_command, run_reply
-from tests.integration.test_operators import to_reserve
+from tests.helpers import ORDER, build_order_app, drain, run_command, run_reply, to_reserve
 
 
 def checks_of(app, held_id):

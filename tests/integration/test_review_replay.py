@@ -14,8 +14,7 @@ from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.ops.operator import act
 from saga_tasks.ops.views import held_list, held_show
 from saga_tasks.runtime.holding import DEAD_LETTER
-from tests.helpers import ORDER, drain, pump, run_command, run_reply
-from tests.integration.test_operators import reject_one
+from tests.helpers import ORDER, drain, pump, reject_one, run_command, run_reply
 
 
 def to_confirm(app, url, key):

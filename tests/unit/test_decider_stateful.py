@@ -38,8 +38,7 @@ from saga_tasks.core.definitions import (
 from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
 from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
-from tests.unit.sagas import Driver
-from tests.unit.test_decider_properties import check
+from tests.unit.sagas import Driver, check
 
 
 @st.composite
