@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from saga_tasks.errors import ConfigurationError
+from saga_tasks.errors import ConfigurationError, ServiceUnavailable
 
 T = TypeVar("T")
 
@@ -208,6 +209,9 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        check_url("SAGA_DATABASE_URL", self.database_url)
+        check_url("SAGA_BROKER_URL", self.broker_url)
+        check_url("SAGA_RESULT_BACKEND", self.result_backend)
         if self.queue_type not in ("classic", "quorum"):
             raise ConfigurationError(
                 f"SAGA_QUEUE_TYPE must be 'classic' or 'quorum', not {self.queue_type!r}"
@@ -409,13 +413,46 @@ def _parse_bool(raw: str) -> bool:
 
 
 def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, safe for logs and error messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
+    """The URL with its password replaced by ``***``, safe for logs and error messages.
+
+    Read by hand, not by ``urlsplit``: an unencoded ``/``, ``#`` or ``?`` in a password
+    would end the netloc early and leave the password in the "path". Everything between
+    the scheme and the last ``@`` is credentials; the part after its first ``:`` is masked.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<not a url>" if "@" in url else url
+    at = rest.rfind("@")
+    if at < 0:
         return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    user, colon, _password = rest[:at].partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{rest[at + 1 :]}"
+
+
+def check_url(name: str, url: str) -> None:
+    """Refuse, in one line, a setting that is not a URL at all (``scheme://...``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme or not rest or not scheme.replace("+", "").isalnum():
+        raise ConfigurationError(f"{name} is not a URL (scheme://...): {mask_url(url)}")
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (a driver's error, say) with the URL's password and each piece of it taken
+    out: a library that misreads an unencoded ``/``, ``#`` or ``?`` quotes a fragment."""
+    _scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0 or ":" not in rest[:at]:
+        return text
+    password = rest[:at].partition(":")[2]
+    for piece in sorted({password, *re.split(r"[/#?@:]", password)}, key=len, reverse=True):
+        if len(piece) >= 2:
+            text = text.replace(piece, "***")
+    return text
+
+
+def unavailable(service: str, url: str, error: BaseException) -> ServiceUnavailable:
+    """A ``ServiceUnavailable`` naming the service at ``url`` (masked) with the first line
+    of ``error`` (scrubbed of the password)."""
+    lines = str(error).strip().splitlines()
+    detail = lines[0] if lines else type(error).__name__
+    return ServiceUnavailable(service, mask_url(url), scrub(detail, url)[:300])

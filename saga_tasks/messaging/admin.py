@@ -15,8 +15,7 @@ from urllib.parse import quote
 
 from kombu import Connection
 
-from saga_tasks.config import mask_url
-from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.config import unavailable
 
 
 @dataclass
@@ -114,9 +113,4 @@ def check_broker(url: str) -> None:
         with Connection(url, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
     except Exception as exc:
-        raise ServiceUnavailable("RabbitMQ", mask_url(url), _first_line(exc)) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+        raise unavailable("RabbitMQ", url, exc) from exc

@@ -8,8 +8,7 @@ from typing import Any
 
 from kombu import Connection
 
-from saga_tasks.config import mask_url
-from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.config import unavailable
 
 
 @dataclass(frozen=True)
@@ -60,5 +59,5 @@ def take(
             finally:
                 channel.close()
     except OSError as exc:
-        raise ServiceUnavailable("RabbitMQ", mask_url(broker_url), str(exc)) from exc
+        raise unavailable("RabbitMQ", broker_url, exc) from exc
     return taken

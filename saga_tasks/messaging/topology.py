@@ -29,8 +29,8 @@ from typing import Any
 from amqp.exceptions import PreconditionFailed
 from kombu import Connection, Exchange, Queue
 
-from saga_tasks.config import mask_url
-from saga_tasks.errors import ServiceUnavailable, TopologyMismatch
+from saga_tasks.config import unavailable
+from saga_tasks.errors import TopologyMismatch
 
 COMMANDS_EXCHANGE = Exchange("saga.commands", type="topic", durable=True)
 REPLIES_EXCHANGE = Exchange("saga.replies", type="direct", durable=True)
@@ -240,7 +240,5 @@ def declare_topology(broker_url: str, topology: Topology) -> list[str]:
         try:
             conn.ensure_connection(max_retries=1)
         except Exception as exc:
-            raise ServiceUnavailable(
-                "RabbitMQ", mask_url(broker_url), str(exc) or type(exc).__name__
-            ) from exc
+            raise unavailable("RabbitMQ", broker_url, exc) from exc
         return topology.declare(conn)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from saga_tasks.config import Settings, mask_url
-from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.config import Settings, unavailable
 from saga_tasks.messaging.admin import check_broker
 from saga_tasks.persistence.admin import ensure_database
 from saga_tasks.persistence.db import check_database
@@ -26,18 +25,13 @@ def check_redis(url: str) -> None:
         client.ping()
         client.close()
     except (redis.RedisError, OSError, ValueError) as exc:
-        raise ServiceUnavailable("Redis", mask_url(url), _describe(exc)) from exc
+        raise unavailable("Redis", url, exc) from exc
 
 
 def check_all(settings: Settings) -> None:
     check_database(settings.database_url)
     check_broker(settings.broker_url)
     check_redis(settings.result_backend)
-
-
-def _describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 __all__ = [

@@ -98,26 +98,42 @@ def test_bad_input_is_one_line_and_exit_2(env, args, message):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+SECRETS = ["hunter2", "Pa/ss#w0rd", "qu?ery", "at@sign"]
+"""Passwords as people write them into URLs, unencoded: ``/``, ``#`` and ``?`` end a
+netloc early for ``urlsplit``, and ``@`` makes the last one the host's."""
+
+
+@pytest.mark.parametrize("secret", SECRETS)
 @pytest.mark.parametrize(
     ("variable", "url", "service"),
     [
-        (
-            "SAGA_DATABASE_URL",
-            "postgresql+psycopg2://postgres:hunter2@127.0.0.1:5999/x",
-            "PostgreSQL",
-        ),
-        ("SAGA_BROKER_URL", "amqp://guest:hunter2@127.0.0.1:5999//", "RabbitMQ"),
+        ("SAGA_DATABASE_URL", "postgresql+psycopg2://postgres:{}@127.0.0.1:5999/x", "PostgreSQL"),
+        ("SAGA_BROKER_URL", "amqp://guest:{}@127.0.0.1:5999//", "RabbitMQ"),
     ],
 )
-def test_unreachable_service_is_named_with_its_url_masked(env, variable, url, service):
-    result = cli(
-        "start", "order", "--key", "k", "--payload", json.dumps(ORDER), env={**env, variable: url}
-    )
-    assert result.returncode == 3
+@pytest.mark.parametrize(
+    "command", [["start", "order", "--key", "k", "--payload", "{}"], ["check"]]
+)
+def test_unreachable_service_is_named_with_its_url_masked(
+    env, variable, url, service, secret, command
+):
+    if command == ["check"] and service == "RabbitMQ":
+        env = {**env, "SAGA_DATABASE_URL": env["SAGA_DATABASE_URL"]}  # PostgreSQL answers first
+    result = cli(*command, env={**env, variable: url.format(secret)})
+    assert result.returncode == 3, result.stderr
     assert f"cannot reach {service} at" in result.stderr
     assert "127.0.0.1:5999" in result.stderr
-    assert "hunter2" not in result.stderr and "***" in result.stderr
+    output = result.stdout + result.stderr
+    assert secret not in output and secret.split("/")[0] not in output.replace("***", "")
+    assert "***" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nonsense", "postgresql:/x", "://nothing"])
+def test_a_database_url_that_does_not_parse_is_one_line_and_exit_1(env, value):
+    result = cli("db", "current", env={**env, "SAGA_DATABASE_URL": value})
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "SAGA_DATABASE_URL is not a URL" in result.stderr
 
 
 def test_check_names_redis_when_it_is_away(env):

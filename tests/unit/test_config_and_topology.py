@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from saga_tasks.config import Settings, mask_url
+from saga_tasks.config import Settings, mask_url, scrub
 from saga_tasks.errors import ConfigurationError
 from saga_tasks.messaging.topology import (
     DEAD_LETTER_QUEUE,
@@ -44,6 +44,18 @@ def test_settings_read_from_env_with_types():
 def test_bad_settings_are_named(env, message):
     with pytest.raises(ConfigurationError, match=message):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize("secret", ["hunter2", "Pa/ss#w0rd", "qu?ery", "at@sign", "c:olon"])
+def test_mask_url_hides_any_password_written_into_a_url(secret):
+    for url in (
+        f"postgresql+psycopg2://user:{secret}@db.internal:5432/saga",
+        f"amqp://user:{secret}@mq.internal:5672//",
+        f"redis://:{secret}@cache:6379/0",
+    ):
+        masked = mask_url(url)
+        assert secret not in masked and "***" in masked, masked
+        assert masked.split("@")[-1] in url  # the host, port and path stay readable
 
 
 def test_mask_url_hides_only_the_password():
@@ -86,3 +98,10 @@ def test_quorum_topology_bounds_deliveries():
     assert args["x-delivery-limit"] >= 1
     assert args["x-dead-letter-strategy"] == "at-least-once"
     assert "x-queue-mode" not in t.queue(DEAD_LETTER_QUEUE).queue_arguments
+
+
+def test_scrub_takes_the_password_and_its_pieces_out_of_a_drivers_words():
+    url = "amqp://guest:Pa/ss#w0rd@127.0.0.1:5672//"
+    said = "Port could not be cast to integer value as 'Pa' (from 'Pa/ss#w0rd')"
+    assert "Pa" not in scrub(said, url) and "w0rd" not in scrub(said, url)
+    assert scrub("connection refused", url) == "connection refused"
