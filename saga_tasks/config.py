@@ -145,6 +145,11 @@ class Settings:
         "",
         "actor:token pairs, comma-separated, for operator actions over HTTP; never logged.",
     )
+    api_max_body: int = _env(
+        "SAGA_API_MAX_BODY",
+        1_048_576,
+        "Largest request body the HTTP API reads, in bytes; a larger one gets 413 unread.",
+    )
     metrics_port: int = _env(
         "SAGA_METRICS_PORT",
         0,
@@ -259,6 +264,8 @@ class Settings:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
         if self.mark_interval >= self.relay_min_age:
             raise ConfigurationError("SAGA_MARK_INTERVAL must be below SAGA_RELAY_MIN_AGE")
+        if self.api_max_body < 1024:
+            raise ConfigurationError("SAGA_API_MAX_BODY must be at least 1024 bytes")
         self._check_bounds()
 
     def _check_bounds(self) -> None:

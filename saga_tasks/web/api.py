@@ -41,6 +41,7 @@ from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
 from saga_tasks.web.dashboard import mount
 from saga_tasks.web.gauges import StateCollector
+from saga_tasks.web.limits import BodyLimit
 
 PROBLEM = "application/problem+json"
 PROBLEM_BASE = "https://saga-tasks.dev/problems/"
@@ -214,6 +215,7 @@ def build(app: SagaApp) -> FastAPI:
         description="Start sagas, read them, and act on them as an operator.",
         responses=PROBLEMS,
     )
+    web.add_middleware(BodyLimit, limit=app.settings.api_max_body)
     web.state.saga_app = app
     web.state.tokens = app.settings.tokens()
     saga_types = sorted({d.saga_type for d in app.registry})

@@ -1,0 +1,90 @@
+"""Request bodies are bounded before anything reads them: 413, with or without a token,
+for a body that says it is too large and for a chunked one that grows too large, and the
+server's memory does not grow by the body's size."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+from dataclasses import replace
+
+import psutil
+import pytest
+
+from saga_tasks import SagaApp
+from saga_tasks.testing import wait_for
+from saga_tasks.web import create_web_app
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def server(order_app, settings):
+    import uvicorn
+
+    app = SagaApp(
+        sagas=list(order_app.registry),
+        participants=list(order_app.participants.values()),
+        settings=replace(settings, api_max_body=MIB),
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served = uvicorn.Server(
+        uvicorn.Config(create_web_app(app), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=served.run, daemon=True)
+    thread.start()
+    wait_for(lambda: served.started, describe="the web server to start")
+    yield port
+    served.should_exit = True
+    thread.join(timeout=10)
+    app.close()
+
+
+def _answer(conn: http.client.HTTPConnection) -> tuple[int, bytes]:
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def test_a_body_that_says_it_is_too_large_is_refused_unread(server):
+    rss = psutil.Process().memory_info().rss
+    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
+    conn.putrequest("POST", "/sagas/order")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(64 * MIB))
+    conn.endheaders()
+    conn.send(b"{" + b" " * 65536)  # a start: the server answers without reading the rest
+    status, body = _answer(conn)
+    conn.close()
+    assert status == 413 and b"body-too-large" in body
+    assert psutil.Process().memory_info().rss - rss < 16 * MIB
+
+
+def test_a_chunked_body_that_grows_too_large_is_cut_off(server):
+    rss = psutil.Process().memory_info().rss
+    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
+    conn.putrequest("POST", "/sagas/order")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Authorization", "Bearer nobody-has-this-token")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    chunk = b" " * 65536
+    try:
+        for _ in range(48):  # 3 MiB, well past the limit
+            conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed: what we want
+    status, body = _answer(conn)
+    conn.close()
+    assert status == 413 and b"body-too-large" in body
+    assert psutil.Process().memory_info().rss - rss < 16 * MIB
+
+
+def test_a_body_under_the_limit_reaches_the_route(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
+    conn.request("POST", "/sagas/order", body=b"{}", headers={"Content-Type": "application/json"})
+    status, _ = _answer(conn)
+    conn.close()
+    assert status in (401, 422), "the route ran: its own answer, not the limit's"
