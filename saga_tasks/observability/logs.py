@@ -39,6 +39,19 @@ CONTEXT_FIELDS = (
 )
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): text from outside
+    (a business key, a reason, a header) cannot forge a line or drive a terminal."""
+    return text.translate(_CONTROL)
+
+
 def _context(record: logging.LogRecord) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name in CONTEXT_FIELDS:
@@ -52,10 +65,17 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        pairs = " ".join(f"{k}={v}" for k, v in _context(record).items())
-        return f"{line} {pairs}" if pairs else line
+        pairs = " ".join(f"{k}={printable(str(v))}" for k, v in _context(record).items())
+        if not pairs:
+            return line
+        head, newline, rest = line.partition("\n")  # a traceback follows on its own lines
+        return f"{head} {pairs}{newline}{rest}"
 
 
 class JsonFormatter(logging.Formatter):

@@ -168,3 +168,18 @@ def test_the_examples_seed_fills_in_what_is_missing_and_leaves_the_rest(isolatio
     assert reset.output == "set 12 SKUs and 21 customers to the demo's values\n"
     assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
     engine.dispose()
+
+
+def test_text_from_outside_is_escaped_on_the_terminal(env):
+    key = "k\x1b]0;owned\x07\nFAKE saga line"
+    started = cli("start", "order", "--key", key, "--payload", json.dumps(ORDER), "--json", env=env)
+    assert started.returncode == 0, started.stderr
+    saga_id = json.loads(started.stdout)["saga_id"]
+    for args in (["list"], ["show", saga_id]):
+        shown = cli(*args, env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+        assert "\\x1b]0;owned\\x07\\nFAKE saga line" in shown.stdout
+        assert not any(line.startswith("FAKE") for line in shown.stdout.splitlines())
+    as_json = cli("list", "--json", env=env)
+    assert json.loads(as_json.stdout)["sagas"][0]["business_key"] == key

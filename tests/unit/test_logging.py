@@ -62,3 +62,30 @@ def test_the_setting_picks_the_format(monkeypatch, fmt, parse):
         assert (parsed["saga_id"] == "s-1") if fmt == "json" else ("saga_id=s-1" in parsed)
     finally:
         logger.handlers, logger.level, logger.propagate = saved
+
+
+def test_text_from_outside_cannot_forge_a_log_line_or_drive_a_terminal():
+    forged = "k\x1b]0;owned\x07\n2026-01-01 00:00:00 ERROR saga_tasks forged line"
+    record = logging.LogRecord(
+        "saga_tasks.test", logging.INFO, __file__, 1, "started %s", (forged,), None
+    )
+    record.__dict__.update(reason=forged)
+    line = TextFormatter().format(record)
+    assert "\n" not in line and "\x1b" not in line and "\x07" not in line
+    assert "\\x1b]0;owned\\x07\\n2026" in line
+    assert json.loads(JsonFormatter().format(record))["msg"] == f"started {forged}"
+
+
+def test_a_traceback_stays_on_its_own_lines_after_the_escaped_message():
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord(
+            "saga_tasks.test", logging.ERROR, __file__, 1, "failed\nhere", (), sys.exc_info()
+        )
+    record.__dict__.update(saga_id="s-1")
+    first, *rest = TextFormatter().format(record).splitlines()
+    assert first.endswith("failed\\nhere saga_id=s-1")
+    assert rest[0].startswith("Traceback") and rest[-1] == "ValueError: boom"

@@ -17,6 +17,7 @@ from saga_tasks.errors import (
     SagaTasksError,
     ServiceUnavailable,
 )
+from saga_tasks.observability.logs import printable
 
 EXIT_CONFIG = 1
 EXIT_INPUT = 2
@@ -28,7 +29,7 @@ COMMANDS_GROUP = "saga_tasks.commands"
 
 def fail(message: str, code: int) -> NoReturn:
     """One line on stderr, then the exit code: never a stack trace."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {printable(message)}", err=True)
     sys.exit(code)
 
 
@@ -68,7 +69,19 @@ class Context:
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """JSON (which escapes control characters itself), or text with every string that
+    came from outside escaped before it reaches the terminal."""
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     else:
-        render(data)
+        render(_printable(data))
+
+
+def _printable(data: Any) -> Any:
+    if isinstance(data, str):
+        return printable(data)
+    if isinstance(data, dict):
+        return {_printable(k): _printable(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_printable(v) for v in data]
+    return data
