@@ -88,3 +88,20 @@ def test_a_body_under_the_limit_reaches_the_route(server):
     status, _ = _answer(conn)
     conn.close()
     assert status in (401, 422), "the route ran: its own answer, not the limit's"
+
+
+def test_dashboard_pages_send_a_strict_csp_and_refuse_framing(server, order_app):
+    handle = order_app.start_saga("order", "csp-1", {"customer_id": "c-1",
+                                  "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 100})  # fmt: skip
+    for path in ("/", f"/ui/sagas/{handle.saga_id}", "/ui/held", "/ui/sagas/no-such-saga"):
+        conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read().decode()
+        conn.close()
+        csp = response.getheader("Content-Security-Policy") or ""
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, path
+        assert response.getheader("X-Content-Type-Options") == "nosniff"
+        assert response.getheader("X-Frame-Options") == "DENY"
+        assert response.getheader("Referrer-Policy") == "no-referrer"
+        assert "<script>" not in body, f"{path}: an inline script the CSP would block"

@@ -1,8 +1,8 @@
 // Operator buttons: POST to the JSON API with the token kept in this browser only.
 (function () {
   const token = document.getElementById("token");
-  token.value = localStorage.getItem("saga_token") || "";
-  token.addEventListener("change", () => localStorage.setItem("saga_token", token.value));
+  token.value = sessionStorage.getItem("saga_token") || "";
+  token.addEventListener("change", () => sessionStorage.setItem("saga_token", token.value));
   const result = document.getElementById("result");
   const val = (id) => (document.getElementById(id) || {}).value;
 
@@ -29,10 +29,11 @@
   document.querySelectorAll("button[data-action]").forEach((button) => {
     button.addEventListener("click", () => {
       const action = button.dataset.action;
-      const body = {reason: val("reason"), expect_version: window.SAGA.version};
+      const ref = document.getElementById("saga-ref").dataset;
+      const body = {reason: val("reason"), expect_version: Number(ref.sagaVersion)};
       if (action === "retry-step" || action === "skip-step") body.step = val("step");
       if (action === "resolve") body.status = val("resolution");
-      post("/sagas/" + window.SAGA.id + "/" + action, body);
+      post("/sagas/" + encodeURIComponent(ref.sagaId) + "/" + action, body);
     });
   });
   document.querySelectorAll("button[data-held]").forEach((button) => {
