@@ -145,6 +145,12 @@ class Settings:
         "",
         "actor:token pairs, comma-separated, for operator actions over HTTP; never logged.",
     )
+    api_base_url: str = _env(
+        "SAGA_API_BASE_URL",
+        "",
+        "Public base URL of the HTTP API (https://sagas.example.com); status_url is built "
+        "from it, never from the request's Host header (empty: a path).",
+    )
     api_max_body: int = _env(
         "SAGA_API_MAX_BODY",
         1_048_576,
@@ -264,6 +270,8 @@ class Settings:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
         if self.mark_interval >= self.relay_min_age:
             raise ConfigurationError("SAGA_MARK_INTERVAL must be below SAGA_RELAY_MIN_AGE")
+        if self.api_base_url and not self.api_base_url.startswith(("http://", "https://")):
+            raise ConfigurationError("SAGA_API_BASE_URL must be an http(s) URL or empty")
         if self.api_max_body < 1024:
             raise ConfigurationError("SAGA_API_MAX_BODY must be at least 1024 bytes")
         self._check_bounds()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import uuid
 from typing import Annotated, Any, Literal
@@ -41,7 +42,9 @@ from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
 from saga_tasks.web.dashboard import mount
 from saga_tasks.web.gauges import StateCollector
-from saga_tasks.web.limits import BodyLimit
+from saga_tasks.web.limits import AccessLog, BodyLimit
+
+log = logging.getLogger("saga_tasks.web")
 
 PROBLEM = "application/problem+json"
 PROBLEM_BASE = "https://saga-tasks.dev/problems/"
@@ -89,7 +92,14 @@ def translate(exc: SagaTasksError) -> Problem:
     if isinstance(exc, InputError):
         return Problem(400, "bad-request", "Bad request", str(exc))
     if isinstance(exc, ServiceUnavailable):
-        return Problem(503, "service-unavailable", f"{exc.service} unavailable", str(exc))
+        # Hosts, users and driver words stay in the server's log, not in a public answer.
+        log.error("answering 503: %s", exc)
+        return Problem(
+            503,
+            "service-unavailable",
+            f"{exc.service} unavailable",
+            f"{exc.service} did not answer; the server's log says more",
+        )
     if isinstance(exc, ConfigurationError):
         return Problem(500, "configuration", "Server misconfigured", str(exc))
     return Problem(500, "internal", "Internal error", type(exc).__name__)
@@ -216,6 +226,7 @@ def build(app: SagaApp) -> FastAPI:
         responses=PROBLEMS,
     )
     web.add_middleware(BodyLimit, limit=app.settings.api_max_body)
+    web.add_middleware(AccessLog, tokens=app.settings.tokens())
     web.state.saga_app = app
     web.state.tokens = app.settings.tokens()
     saga_types = sorted({d.saga_type for d in app.registry})
@@ -307,7 +318,8 @@ def build(app: SagaApp) -> FastAPI:
             correlation_id=state.correlation_id or state.saga_id,
             status=state.status,
             created=created,
-            status_url=str(request.url_for("get_saga", saga_id=state.saga_id)),
+            status_url=app.settings.api_base_url.rstrip("/")
+            + request.app.url_path_for("get_saga", saga_id=state.saga_id),
         )
 
     @web.get("/sagas/{saga_id}", tags=["sagas"], name="get_saga")

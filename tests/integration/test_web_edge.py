@@ -1,6 +1,7 @@
-"""Request bodies are bounded before anything reads them: 413, with or without a token,
-for a body that says it is too large and for a chunked one that grows too large, and the
-server's memory does not grow by the body's size."""
+"""The HTTP edge: request bodies bounded before anything reads them (413, with or without
+a token, for a body that says it is too large and for a chunked one that grows too large,
+and the server's memory does not grow by the body's size); security headers; status URLs
+from configuration; 503s that name nothing; an access log without tokens."""
 
 from __future__ import annotations
 
@@ -105,3 +106,61 @@ def test_dashboard_pages_send_a_strict_csp_and_refuse_framing(server, order_app)
         assert response.getheader("X-Frame-Options") == "DENY"
         assert response.getheader("Referrer-Policy") == "no-referrer"
         assert "<script>" not in body, f"{path}: an inline script the CSP would block"
+
+
+def _client(order_app, settings, **changes):
+    from fastapi.testclient import TestClient
+
+    app = SagaApp(
+        sagas=list(order_app.registry),
+        participants=list(order_app.participants.values()),
+        settings=replace(settings, **changes),
+    )
+    return TestClient(create_web_app(app), raise_server_exceptions=False)
+
+
+START = {"business_key": "edge-1", "payload": {"customer_id": "c-1",
+         "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 100}}  # fmt: skip
+
+
+def test_status_url_comes_from_the_configured_base_not_the_host_header(order_app, settings):
+    from tests.helpers import ANA_TOKEN
+
+    auth = {
+        "Authorization": f"Bearer {ANA_TOKEN}",
+        "Host": "evil.example",
+        "Idempotency-Key": "e-1",
+    }
+    with _client(order_app, settings) as client:
+        answer = client.post("/sagas/order", json=START, headers=auth)
+        assert answer.status_code in (200, 202), answer.text
+        body = answer.json()
+        assert body["status_url"] == f"/sagas/{body['saga_id']}"
+    with _client(order_app, settings, api_base_url="https://sagas.example.com/") as client:
+        again = client.post("/sagas/order", json=START, headers=auth).json()
+        assert again["status_url"] == f"https://sagas.example.com/sagas/{body['saga_id']}"
+
+
+def test_a_503_names_no_host_user_or_driver_words(order_app, settings):
+    away = "postgresql+psycopg2://someone:hunter2@127.0.0.1:5999/secretdb"
+    with _client(order_app, settings, database_url=away) as client:
+        answer = client.get("/healthz")
+    assert answer.status_code == 503
+    text = answer.text
+    for word in ("127.0.0.1", "5999", "someone", "hunter2", "secretdb", "refused"):
+        assert word not in text, word
+
+
+def test_each_request_leaves_an_access_log_line_without_its_token(order_app, settings, caplog):
+    from tests.helpers import ANA_TOKEN
+
+    with (
+        caplog.at_level("INFO", logger="saga_tasks.web.access"),
+        _client(order_app, settings) as client,
+    ):
+        client.get("/sagas?limit=1", headers={"Authorization": f"Bearer {ANA_TOKEN}"})
+        client.get("/healthz")
+    lines = [r.getMessage() for r in caplog.records if r.name == "saga_tasks.web.access"]
+    assert any(line.startswith("GET /sagas 200 ana ") for line in lines), lines
+    assert any(line.startswith("GET /healthz 200 - ") for line in lines), lines
+    assert all(ANA_TOKEN not in line and "limit=" not in line for line in lines)
