@@ -36,6 +36,7 @@ def test_same_business_key_returns_the_same_saga(order_app, settings):
     again = order_app.start_saga("order", "o-2", dict(ORDER))
     assert (again.saga_id, again.created) == (first.saga_id, False)
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 1
+    assert order_app.flush(), "the first command is confirmed by the broker"  # sent async
     assert queue_depths(settings.broker_url, ["orders.commands"]) == {"orders.commands": 1}
     with pytest.raises(BusinessKeyConflict) as info:
         order_app.start_saga("order", "o-2", {**ORDER, "amount_cents": 5})
@@ -110,6 +111,7 @@ def test_start_joins_the_callers_session_rollback(order_app, settings):
         session.begin()
         order_app.start_saga("order", "tx-2", ORDER, session=session)
         session.rollback()
+    assert order_app.flush()
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.saga_instance") == 0
     assert scalar(order_app.engine, "SELECT count(*) FROM saga.outbox") == 0
     assert queue_depths(settings.broker_url, ["orders.commands"]) == {"orders.commands": 0}
