@@ -36,7 +36,6 @@ from saga_tasks.observability.alerts import AlertScan, alerters_for
 from saga_tasks.observability.tracing import Tracing
 from saga_tasks.participant import Participant
 from saga_tasks.persistence.db import get_engine
-from saga_tasks.persistence.prepared import PREPARE_OPTION
 from saga_tasks.persistence.tables import saga_outbox
 from saga_tasks.runtime.holding import Holding
 from saga_tasks.runtime.hooks import NO_HOOKS, Hooks
@@ -85,7 +84,6 @@ class SagaApp:
             queue_type=self.settings.queue_type,
             retry_tiers=self.settings.retry_delays,
         )
-        self._engines: dict[int, Engine] = {}
         self._outlets: dict[int, Outlet] = {}
         self._lock = threading.Lock()
         self._wire()
@@ -173,15 +171,10 @@ class SagaApp:
 
     @property
     def engine(self) -> Engine:
-        """This process's engine (a forked worker child gets its own); pools are shared by
-        apps of one process on one database, the prepare switch is this app's."""
-        pid = os.getpid()
-        found = self._engines.get(pid)
-        if found is None:
-            shared = get_engine(self.settings.database_url, self.settings.db_pool_size)
-            found = shared.execution_options(**{PREPARE_OPTION: self.settings.db_prepare})
-            self._engines = {pid: found}
-        return found
+        """This process's engine (a forked worker child gets its own; apps of one process
+        on one database with the same settings share its pool)."""
+        s = self.settings
+        return get_engine(s.database_url, s.db_pool_size, prepare=s.db_prepare)
 
     @property
     def publisher(self) -> Publisher:

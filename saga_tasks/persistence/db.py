@@ -25,17 +25,19 @@ from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import mask_url
 from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable
+from saga_tasks.persistence.prepared import PREPARE_KEY
 
 IDLE_PING_AFTER = 1.0
 """Seconds a pooled connection may sit unused before it is tested on checkout."""
 
-_engines: dict[tuple[int, str, int], Engine] = {}
+_engines: dict[tuple[int, str, int, bool], Engine] = {}
 _lock = threading.Lock()
 
 
-def get_engine(url: str, pool_size: int = 2) -> Engine:
-    """This process's engine for ``url``; a forked child gets a fresh one."""
-    key = (os.getpid(), url, pool_size)
+def get_engine(url: str, pool_size: int = 2, *, prepare: bool = True) -> Engine:
+    """This process's engine for ``url``; a forked child gets a fresh one. ``prepare``:
+    its connections prepare the hot statements (``SAGA_DB_PREPARE``)."""
+    key = (os.getpid(), url, pool_size, prepare)
     engine = _engines.get(key)
     if engine is not None:
         return engine
@@ -53,8 +55,15 @@ def get_engine(url: str, pool_size: int = 2) -> Engine:
                 connect_args={"connect_timeout": 5, "application_name": "saga_tasks"},
             )
             _ping_when_idle(engine)
+            _mark_prepare(engine, prepare)
             _engines[key] = engine
     return engine
+
+
+def _mark_prepare(engine: Engine, prepare: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def connected(_dbapi_connection: Any, record: Any) -> None:
+        record.info[PREPARE_KEY] = prepare
 
 
 def _ping_when_idle(engine: Engine) -> None:

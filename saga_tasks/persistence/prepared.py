@@ -33,9 +33,10 @@ _LITERAL = re.compile(r"'[^']*'")
 _INFO_KEY = "saga_tasks.prepared"
 _NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
 
-PREPARE_OPTION = "saga_prepare"
-"""Execution option of an engine or connection: False runs the same SQL as plain text
-(behind PgBouncer in transaction mode). Each app sets it on its engine from its settings."""
+PREPARE_KEY = "saga_tasks.prepare"
+"""In a pooled connection's ``info``: False runs the same SQL as plain text (behind
+PgBouncer in transaction mode). The engine sets it on each new connection
+(``db.get_engine(..., prepare=)``), so the hot path reads a dict it already has."""
 
 
 class Prepared:
@@ -70,9 +71,9 @@ class Prepared:
             self._plain = self._plain.columns(*columns)
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
-        if not conn.get_execution_options().get(PREPARE_OPTION, True):
-            return conn.execute(self._plain, params)
         info = conn.connection.info
+        if not info.get(PREPARE_KEY, True):
+            return conn.execute(self._plain, params)
         names: set[str] = info.setdefault(_INFO_KEY, set())
         if self.name not in names:
             conn.exec_driver_sql(self._prepare)  # no parameters: sent as it is

@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import Integer, column
 
 from saga_tasks.errors import ConcurrencyConflict
+from saga_tasks.persistence.db import get_engine
 from saga_tasks.persistence.prepared import Prepared
 
 ADD = Prepared("test_add", "SELECT CAST(:a AS integer) + :b AS n", {"a": "integer", "b": "integer"},
@@ -20,10 +21,11 @@ def test_prepared_and_plain_give_the_same_rows(order_app):
         assert "test_add" in conn.connection.info["saga_tasks.prepared"]
         names = conn.exec_driver_sql("SELECT name FROM pg_prepared_statements").scalars().all()
         assert "test_add" in names
-        conn.commit()
-        conn.exec_driver_sql("DEALLOCATE ALL")  # prepared mode would now fail and retry
-        plain = conn.execution_options(saga_prepare=False)  # what SAGA_DB_PREPARE=0 sets
-        assert ADD.execute(plain, {"a": 1, "b": 1}).scalar_one() == 2
+    plain = get_engine(order_app.settings.database_url, prepare=False)  # SAGA_DB_PREPARE=0
+    with plain.connect() as conn:
+        assert ADD.execute(conn, {"a": 1, "b": 1}).scalar_one() == 2
+        names = conn.exec_driver_sql("SELECT name FROM pg_prepared_statements").scalars().all()
+        assert "test_add" not in names, "plain text: nothing prepared on this session"
 
 
 def test_a_session_that_lost_its_statements_retries_and_prepares_again(order_app):
