@@ -325,6 +325,27 @@ def test_compensate_is_refused_while_a_step_that_cannot_be_undone_is_awaited():
     assert d.state.status is SagaStatus.COMPLETED
 
 
+def test_compensate_is_refused_once_a_step_that_cannot_be_undone_has_succeeded():
+    """Found by the chaos run: an order confirmed (no compensation) while a skipped
+    payment's fence was awaited; an operator's compensate was accepted, skipped the
+    confirm ("its effect stays") and cancelled the order underneath it, which the order
+    service refuses for a confirmed order: a saga COMPENSATED with its order confirmed.
+    What a step that cannot be undone built on must stay, so the action is refused and
+    nothing changes; the definition's own rule (a later step failing) is unchanged."""
+    d = Driver(linear(3, compensable=[True, False, True]))
+    d.start()
+    d.succeed("s0")
+    d.succeed("s1")
+    before = d.state
+    with pytest.raises(ActionRefused, match="'s1' cannot be undone and has succeeded"):
+        act(d, OperatorVerb.COMPENSATE)
+    assert d.state == before
+    d.fail("s2")
+    d.compensated("s0")
+    assert d.state.status is SagaStatus.COMPENSATED
+    assert d.state.steps["s1"].status is StepStatus.COMPENSATION_SKIPPED
+
+
 def test_a_step_that_cannot_be_undone_and_failed_siblings_keep_the_old_rule():
     """Without an operator the definition's rule stands: a step with no compensation keeps
     its effect while the rest is undone."""

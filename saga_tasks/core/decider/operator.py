@@ -159,18 +159,23 @@ def _compensate(tx: Transition, a: OperatorAction) -> None:
     said = _said(a)
     if tx.status is SagaStatus.COMPENSATING:
         raise ActionRefused("the saga is already compensating")
-    awaited = [
-        s.name
-        for s in tx.definition.steps
-        if not s.compensable and tx.steps[s.name].status is StepStatus.REQUESTED
-    ]
-    if awaited:
-        # Its success could not be undone, yet the compensation would undo what it builds
-        # on (an order confirmed with its stock released and its payment voided).
-        raise ActionRefused(
-            f"cannot compensate: step {awaited[0]!r} cannot be undone and its answer is "
-            "awaited; decide once it has answered (or retry, skip or resolve)"
-        )
+    # A step that cannot be undone and succeeded (or may have: its answer is awaited)
+    # stays done, yet the compensation would undo what it builds on: an order confirmed
+    # with its stock released and its payment voided.
+    for s in tx.definition.steps:
+        status = tx.steps[s.name].status
+        if s.compensable:
+            continue
+        if status is StepStatus.REQUESTED:
+            raise ActionRefused(
+                f"cannot compensate: step {s.name!r} cannot be undone and its answer is "
+                "awaited; decide once it has answered (or retry, skip or resolve)"
+            )
+        if status is StepStatus.SUCCEEDED:
+            raise ActionRefused(
+                f"cannot compensate: step {s.name!r} cannot be undone and has succeeded; "
+                "what it built on must stay (resolve the saga by hand instead)"
+            )
     tx.note("operator_compensate", reason=said)
     # What failed to compensate is undone again, as a new generation; what was given
     # up without compensation is undone too. ``compensate_ready`` sends them, children
