@@ -1,6 +1,7 @@
 """The example deployment: the order saga and its three participants.
 
-saga-tasks --app participants.app:saga_app db upgrade     # the saga schema, then MIGRATIONS
+export SAGA_PARTICIPANT_DATABASE_URL='postgresql+psycopg2://...@127.0.0.1:5432/{participant}'
+saga-tasks --app participants.app:saga_app db upgrade     # saga database, then each participant's
 python -m participants.seed                               # stock and customers
 celery -A participants.app worker -Q saga.replies,saga.maintenance -n orchestrator@%h
 celery -A participants.app worker -Q inventory.commands -n inventory@%h
@@ -9,7 +10,7 @@ celery -A participants.app beat
 
 from __future__ import annotations
 
-from participants import MIGRATIONS, inventory, orders, payments
+from participants import inventory, orders, payments
 from participants.faults import DemoFaults
 from participants.order_saga import ORDER_SAGA
 from saga_tasks import SagaApp
@@ -19,6 +20,5 @@ saga_app = SagaApp(
     participants=[orders.participant, inventory.participant, payments.participant],
     name="participants",
     hooks=DemoFaults.from_env(),  # SAGA_TASKS_DEMO_FAULTS=1 lets payloads ask for faults
-    migrations=[str(MIGRATIONS)],
 )
 app = saga_app.celery

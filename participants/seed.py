@@ -7,7 +7,7 @@ leaves the rest alone, so it is safe to run again on a database already taking o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import click
 from sqlalchemy import Engine, create_engine, func, select, update
@@ -28,13 +28,15 @@ DEFAULT_CUSTOMERS: Mapping[str, int] = {f"c-{i}": 10_000_000 for i in range(1, 2
 
 
 def seed(
-    engine: Engine,
+    engine_of: Callable[[str], Engine],
     stock_levels: Mapping[str, int] = DEFAULT_STOCK,
     customers: Mapping[str, int] = DEFAULT_CUSTOMERS,
     *,
     reset: bool = True,
 ) -> tuple[int, int]:
-    """Stock the SKUs and open the customers; return how many of each were written.
+    """Stock the SKUs (in inventory's database) and open the customers (in payments');
+    return how many of each were written. ``engine_of`` gives a participant's engine
+    (``SagaApp.participant_engine``).
 
     With ``reset`` (the default), existing rows are set back to the given values: stock
     on hand with nothing reserved, credit limits, and each customer's open total recounted
@@ -42,7 +44,7 @@ def seed(
     it, existing rows are left as they are.
     """
     skus_written = customers_written = 0
-    with engine.begin() as conn:
+    with engine_of("inventory").begin() as conn:
         if stock_levels:
             stmt = insert(stock).values(
                 [{"sku": sku, "on_hand": qty, "reserved": 0} for sku, qty in stock_levels.items()]
@@ -54,6 +56,7 @@ def seed(
             else:
                 stmt = stmt.on_conflict_do_nothing(index_elements=["sku"])
             skus_written = len(conn.execute(stmt.returning(stock.c.sku)).scalars().all())
+    with engine_of("payments").begin() as conn:
         if customers:
             stmt2 = insert(customer).values(
                 [{"customer_id": c, "credit_limit_cents": limit} for c, limit in customers.items()]
@@ -91,19 +94,30 @@ def seed(
     help="Set existing stock and credit back to the demo's values too (no saga running).",
 )
 def seed_command(reset: bool) -> None:
-    """Stock the example's SKUs and open its customers (SAGA_DATABASE_URL); idempotent."""
+    """Stock the example's SKUs and open its customers, each in its participant's database
+    (SAGA_PARTICIPANT_DATABASE_URL); idempotent."""
     from saga_tasks import Settings
     from saga_tasks.errors import SagaTasksError
     from saga_tasks.persistence.db import translated
 
+    engines: dict[str, Engine] = {}
+
+    def engine_of(name: str) -> Engine:
+        if name not in engines:
+            url = settings.participant_database(name)
+            engines[name] = create_engine(
+                url, poolclass=NullPool, connect_args={"connect_timeout": 5}
+            )
+        return engines[name]
+
     try:
-        url = Settings.from_env().database_url
-        engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+        settings = Settings.from_env()
         try:
-            with translated(url):
-                skus, customers = seed(engine, reset=reset)
+            with translated(settings.participant_database("inventory")):
+                skus, customers = seed(engine_of, reset=reset)
         finally:
-            engine.dispose()
+            for engine in engines.values():
+                engine.dispose()
     except ProgrammingError as exc:
         raise click.ClickException(
             "the example's tables are missing: run "

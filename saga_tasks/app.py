@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -36,7 +36,7 @@ from saga_tasks.observability.alerts import AlertScan, alerters_for
 from saga_tasks.observability.tracing import Tracing
 from saga_tasks.participant import Participant
 from saga_tasks.persistence.db import get_engine
-from saga_tasks.persistence.tables import saga_outbox
+from saga_tasks.persistence.tables import redelivery, saga_outbox
 from saga_tasks.runtime.holding import Holding
 from saga_tasks.runtime.hooks import NO_HOOKS, Hooks
 from saga_tasks.runtime.intake import Intake
@@ -46,7 +46,7 @@ from saga_tasks.runtime.outlet import Outlet, SyncOutlet
 from saga_tasks.runtime.participant import ParticipantRuntime
 from saga_tasks.runtime.replay import Replayer
 from saga_tasks.runtime.sweeper import Sweeper
-from saga_tasks.worker.failures import FailurePolicy
+from saga_tasks.worker.failures import Counter, FailurePolicy
 from saga_tasks.worker.tasks import WorkerParts, register
 
 
@@ -78,6 +78,7 @@ class SagaApp:
         if len(self.participants) != len(participants):
             raise ConfigurationError("two participants share a name")
         _check_owners(sagas, participants)
+        self._owners = {p.schema: p.name for p in participants}
         queues = {p.queue for p in participants} | {q for d in sagas for q in d.queues}
         self.topology = Topology(
             command_queues=tuple(sorted(queues)),
@@ -119,7 +120,7 @@ class SagaApp:
         self.runtimes = {
             p.name: ParticipantRuntime(
                 p,
-                engine=engine,
+                engine=self._participant_engine_of(p.name),
                 publisher=publisher,
                 outlet=outlet,
                 clock=clock,
@@ -140,7 +141,10 @@ class SagaApp:
             engine=engine,
             publisher=publisher,
             act_in=self.orchestrator.act_in,
-            ledgers={name: p.ledger for name, p in self.participants.items()},
+            ledgers={
+                name: (self._participant_engine_of(name), p.ledger)
+                for name, p in self.participants.items()
+            },
             max_age=settings.replay_max_age,
             clock=clock,
         )
@@ -153,15 +157,19 @@ class SagaApp:
         self.maintenance = Maintenance(
             engine=engine,
             publisher=publisher,
-            outbox_tables=self.outbox_tables(),
+            outbox_tables=[saga_outbox],
             clock=clock,
             relay_min_age=settings.relay_min_age,
             relay_batch=settings.relay_batch,
             sample_keep=settings.sample_keep,
             after_publish=lambda: self.hooks.relay(self.engine, clock),
         )
+        counters = {
+            p.queue: Counter(self._participant_engine_of(p.name), p.redelivery)
+            for p in self.participants.values()
+        }
         self.failures = FailurePolicy(
-            engine=engine,
+            counters=lambda queue: counters.get(queue) or Counter(engine, redelivery),
             publisher=publisher,
             holding=self.holding,
             retry_delays=settings.retry_delays,
@@ -174,7 +182,27 @@ class SagaApp:
         """This process's engine (a forked worker child gets its own; apps of one process
         on one database with the same settings share its pool)."""
         s = self.settings
+        if not s.database_url:
+            raise ConfigurationError(
+                "SAGA_DATABASE_URL is empty: this process runs participants only, and what it "
+                "was asked to do needs the orchestrator's database"
+            )
         return get_engine(s.database_url, s.db_pool_size, prepare=s.db_prepare)
+
+    def participant_engine(self, name: str) -> Engine:
+        """This process's engine on participant ``name``'s database
+        (``SAGA_PARTICIPANT_DATABASE_URL``; by default the orchestrator's)."""
+        s = self.settings
+        return get_engine(s.participant_database(name), s.db_pool_size, prepare=s.db_prepare)
+
+    def _participant_engine_of(self, name: str) -> Callable[[], Engine]:
+        return lambda: self.participant_engine(name)
+
+    def table_engine(self, table: Table) -> Engine:
+        """The engine of the database ``table`` lives in: a participant's tables in its
+        own, the saga schema's in the orchestrator's."""
+        owner = self._owners.get(table.schema or "")
+        return self.engine if owner is None else self.participant_engine(owner)
 
     @property
     def publisher(self) -> Publisher:
@@ -196,11 +224,11 @@ class SagaApp:
 
     def _new_outlet(self) -> Outlet:
         if self.settings.publish_mode == "sync":
-            return SyncOutlet(lambda: self.engine, lambda: self.publisher)
+            return SyncOutlet(self.table_engine, lambda: self.publisher)
         return Dispatcher(
             broker_url=self.settings.broker_url,
             encode=task_message_encoder(self.celery, self.topology),
-            engine=lambda: self.engine,
+            engine=self.table_engine,
             mark_interval=self.settings.mark_interval,
             connect_timeout=self.settings.publish_timeout,
         )
@@ -245,7 +273,8 @@ class SagaApp:
         return celery
 
     def outbox_tables(self) -> list[Table]:
-        """The orchestrator's outbox and every participant's: what recovery scans."""
+        """The orchestrator's outbox and every participant's (each in its own database:
+        ``table_engine``)."""
         return [saga_outbox, *(p.outbox for p in self.participants.values())]
 
     def start_saga(

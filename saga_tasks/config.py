@@ -18,6 +18,8 @@ from saga_tasks.errors import ConfigurationError, ServiceUnavailable
 
 T = TypeVar("T")
 
+_NAMED_URL = re.compile(r"^(?P<name>[A-Za-z_*][A-Za-z0-9_]*)=(?P<url>\S+://\S*)$")
+
 BEAT_LEASE_MARGIN = 3
 """The beat lease lasts at least this many of beat's longest sleeps. Redbeat renews the
 lease once per tick, so it must outlive one sleep plus the tick's own work (Redis round
@@ -40,7 +42,16 @@ class Settings:
     database_url: str = _env(
         "SAGA_DATABASE_URL",
         "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/saga_tasks",
-        "PostgreSQL holding sagas, outboxes, inboxes and ledgers.",
+        "PostgreSQL of the orchestrator: sagas, their history, outbox and inbox (may be empty "
+        "in a participant's own process, which never opens it).",
+    )
+    participant_database_url: str = _env(
+        "SAGA_PARTICIPANT_DATABASE_URL",
+        "",
+        "PostgreSQL of the participants this process runs or reads: one URL, where "
+        "{participant} stands for each participant's name (one database each), or "
+        "name=URL entries separated by spaces. Empty: SAGA_DATABASE_URL (one database, "
+        "a schema per participant).",
     )
     broker_url: str = _env(
         "SAGA_BROKER_URL",
@@ -220,7 +231,11 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        check_url("SAGA_DATABASE_URL", self.database_url)
+        if self.database_url or not self.participants_apart:
+            # Empty only in a participant's own process: it never opens the saga database.
+            check_url("SAGA_DATABASE_URL", self.database_url)
+        for url in self._participant_urls().values():
+            check_url("SAGA_PARTICIPANT_DATABASE_URL", url.replace("{participant}", "p"))
         check_url("SAGA_BROKER_URL", self.broker_url)
         check_url("SAGA_RESULT_BACKEND", self.result_backend)
         if self.queue_type not in ("classic", "quorum"):
@@ -334,6 +349,42 @@ class Settings:
         """``SAGA_BEAT_LOCK_TIMEOUT`` as redbeat uses it: whole seconds."""
         return int(self.beat_lock_timeout)
 
+    def _participant_urls(self) -> dict[str, str]:
+        """``SAGA_PARTICIPANT_DATABASE_URL`` as name -> URL; ``*`` for every other name."""
+        value = self.participant_database_url.strip()
+        if not value:
+            return {}
+        entries = value.split()
+        if len(entries) == 1 and not _NAMED_URL.match(entries[0]):
+            return {"*": entries[0]}
+        found: dict[str, str] = {}
+        for entry in entries:
+            named = _NAMED_URL.match(entry)
+            if named is None or named["name"] in found:
+                raise ConfigurationError(
+                    "SAGA_PARTICIPANT_DATABASE_URL: one URL, or name=URL entries separated by "
+                    f"spaces, each name once (not {mask_url(entry)!r})"
+                )
+            found[named["name"]] = named["url"]
+        return found
+
+    def participant_database(self, name: str) -> str:
+        """The database URL of participant ``name`` as this process sees it."""
+        urls = self._participant_urls()
+        url = urls.get(name) or urls.get("*")
+        if url is None:
+            if urls:
+                raise ConfigurationError(
+                    f"SAGA_PARTICIPANT_DATABASE_URL names no database for participant {name!r}"
+                )
+            return self.database_url
+        return url.replace("{participant}", name)
+
+    @property
+    def participants_apart(self) -> bool:
+        """True when participants have databases of their own (not the orchestrator's)."""
+        return bool(self._participant_urls())
+
     def tokens(self) -> dict[str, str]:
         """``SAGA_API_TOKENS`` as token -> actor."""
         found: dict[str, str] = {}
@@ -354,6 +405,9 @@ class Settings:
             for f in fields(self)
         }
         shown["database_url"] = mask_url(self.database_url)
+        shown["participant_database_url"] = " ".join(
+            mask_url(u) for u in self.participant_database_url.split()
+        )
         shown["broker_url"] = mask_url(self.broker_url)
         shown["result_backend"] = mask_url(self.result_backend)
         return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"

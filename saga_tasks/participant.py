@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, MetaData, Table
@@ -23,7 +24,7 @@ from sqlalchemy import Connection, MetaData, Table
 from saga_tasks.core.messages import Command
 from saga_tasks.core.states import MessageKind
 from saga_tasks.messaging.topology import command_queue
-from saga_tasks.persistence.tables import ledger_table, outbox_table
+from saga_tasks.persistence.tables import ledger_table, outbox_table, redelivery_table
 
 
 @dataclass(frozen=True)
@@ -74,17 +75,31 @@ class Handler:
 
 
 class Participant:
-    """A service that owns a queue, a database schema, a command ledger and an outbox."""
+    """A service that owns a queue, a database schema, a command ledger and an outbox.
 
-    def __init__(self, name: str, *, schema: str | None = None, queue: str | None = None) -> None:
+    Its tables live in its own database (``SAGA_PARTICIPANT_DATABASE_URL``), created by
+    its own Alembic chain (``migrations``, a script directory), which
+    ``saga-tasks db upgrade`` applies there.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        schema: str | None = None,
+        queue: str | None = None,
+        migrations: str | Path | None = None,
+    ) -> None:
         if not name.isidentifier():
             raise ValueError(f"participant name {name!r} must be an identifier")
         self.name = name
         self.schema = schema or name
         self.queue = queue or command_queue(name)
+        self.migrations = Path(migrations) if migrations is not None else None
         self.metadata = MetaData()
         self.ledger: Table = ledger_table(self.schema, self.metadata)
         self.outbox: Table = outbox_table(self.schema, self.metadata)
+        self.redelivery: Table = redelivery_table(self.schema, self.metadata)
         self.handlers: dict[str, Handler] = {}
 
     def command(self, action: str) -> Callable[[HandlerFunction], Handler]:

@@ -11,6 +11,8 @@ source "$(dirname "$0")/services.sh"
 cd "$ROOT"
 
 export SAGA_DATABASE_URL="${SAGA_DATABASE_URL:-postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/saga_demo}"
+# Each participant is a service with a database of its own: saga_demo_orders, ...
+export SAGA_PARTICIPANT_DATABASE_URL="${SAGA_PARTICIPANT_DATABASE_URL:-postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/saga_demo_{participant}}"
 export SAGA_BROKER_URL="${SAGA_BROKER_URL:-amqp://guest:guest@127.0.0.1:5672/saga_demo}"
 export SAGA_RESULT_BACKEND="${SAGA_RESULT_BACKEND:-redis://127.0.0.1:6379/1}"
 export SAGA_TASKS_APP="${SAGA_TASKS_APP:-participants.app:saga_app}"
@@ -28,7 +30,7 @@ trap stop_started_services EXIT
 ensure_services
 ensure_venv
 ensure_vhost saga_demo
-say "migrating $SAGA_DATABASE_URL" 
+say "migrating the orchestrator's database and each participant's"
 saga-tasks db upgrade
 saga-tasks broker declare >/dev/null
 say "running the demo"

@@ -24,6 +24,7 @@ from saga_tasks.testing import (
 from tests.helpers import (
     ADMIN_URL,
     ANA_TOKEN,
+    PARTICIPANTS,
     PREFIX,
     RETRY_TIERS,
     SERVICE_MARKERS,
@@ -56,18 +57,26 @@ def services() -> None:
 def template_database(services: None) -> Iterator[str]:
     from sqlalchemy.engine import make_url
 
-    from participants import MIGRATIONS
     from saga_tasks.ops.services import upgrade
 
+    def url_of(database: str) -> str:
+        return make_url(ADMIN_URL).set(database=database).render_as_string(False)
+
     name = f"{PREFIX}template"
-    url = make_url(ADMIN_URL).set(database=name).render_as_string(False)
-    create_database(url)
-    upgrade(url, [MIGRATIONS])  # the saga schema, then the example's
+    # One database holding the saga schema and every participant's (SAGA_PARTICIPANT_
+    # DATABASE_URL empty), and one per participant holding its schema alone.
+    create_database(url_of(name))
+    upgrade(url_of(name), [str(p.migrations) for p in PARTICIPANTS])
+    for p in PARTICIPANTS:
+        create_database(url_of(f"{name}_{p.name}"))
+        upgrade(url_of(f"{name}_{p.name}"), [str(p.migrations)], library=False)
     from saga_tasks.persistence.db import dispose_all
 
     dispose_all()
     yield name
-    drop_database(url)
+    drop_database(url_of(name))
+    for p in PARTICIPANTS:
+        drop_database(url_of(f"{name}_{p.name}"))
     # Anything left by a test that died before its own teardown.
     for leftover in list_databases(ADMIN_URL, PREFIX):
         drop_database(make_url(ADMIN_URL).set(database=leftover).render_as_string(False))
@@ -77,8 +86,17 @@ def template_database(services: None) -> Iterator[str]:
 
 
 @pytest.fixture
-def isolation(template_database: str) -> Iterator[Isolation]:
-    with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX, template=template_database) as iso:
+def isolation(template_database: str, request: pytest.FixtureRequest) -> Iterator[Isolation]:
+    """End-to-end and fault tests run the example as it deploys: a database per
+    participant; the other service tests keep every schema in one database (a mode
+    the library supports too)."""
+    apart = any(request.node.get_closest_marker(m) for m in ("e2e", "faults"))
+    with Isolation(
+        admin_database_url=ADMIN_URL,
+        prefix=PREFIX,
+        template=template_database,
+        participants=tuple(p.name for p in PARTICIPANTS) if apart else (),
+    ) as iso:
         yield iso
         from saga_tasks.persistence.db import dispose_all
 
@@ -92,6 +110,7 @@ def settings(isolation: Isolation):
     return Settings.from_env(
         {},
         database_url=isolation.database_url,
+        participant_database_url=isolation.participant_database_url,
         broker_url=isolation.broker_url,
         relay_interval=0.5,
         relay_min_age=1.0,

@@ -18,6 +18,7 @@ __all__ = [
     "ADMIN_URL",
     "ANA_TOKEN",
     "ORDER",
+    "PARTICIPANTS",
     "PREFIX",
     "RETRY_TIERS",
     "TIME_SCALE",
@@ -31,6 +32,7 @@ __all__ = [
     "reject_one",
     "statuses",
     "to_reserve",
+    "participant_db",
     "pump",
     "rows",
     "run_command",
@@ -48,12 +50,28 @@ RETRY_TIERS = "1,2,3"
 PREFIX = f"saga_t{RUN}_"
 SERVICE_MARKERS = ("integration", "e2e", "faults")
 
+
+def _participants():
+    from participants import inventory, orders, payments
+
+    return (orders.participant, inventory.participant, payments.participant)
+
+
+PARTICIPANTS = _participants()
+"""The example's participants, each with its own database in end-to-end tests."""
+
 ORDER = {"customer_id": "c-1", "items": [{"sku": "sku-1", "qty": 2}], "amount_cents": 1999}
 
 
 def scalar(engine: Any, sql: str, **params: Any) -> Any:
     with engine.connect() as conn:
         return conn.execute(text(sql), params).scalar()
+
+
+def participant_db(app: Any, name: str) -> Any:
+    """The engine of participant ``name``'s own database (the orchestrator's, when the
+    test keeps every schema in one)."""
+    return app.participant_engine(name)
 
 
 def rows(engine: Any, sql: str, **params: Any) -> list[dict[str, Any]]:
@@ -91,7 +109,7 @@ def build_order_app(
         hooks=DemoFaults(enabled=faults),
     )
     declare_topology(settings.broker_url, app.topology)
-    seed(app.engine)
+    seed(app.participant_engine)
     return app
 
 
@@ -135,13 +153,17 @@ class Workers:
         wait: bool = True,
         env: dict[str, str] | None = None,
     ) -> WorkerProcess:
+        own = {}
+        if self.isolation.participants and all(q.endswith(".commands") for q in queues):
+            # A participant's own process: the orchestrator's database is not even named.
+            own = {"SAGA_DATABASE_URL": ""}
         worker = WorkerProcess(
             "participants.app",
             queues=queues,
             name=name,
             pool=pool,
             concurrency=concurrency,
-            env={**self.env(), **(env or {})},
+            env={**self.env(), **own, **(env or {})},
             log_dir=self.log_dir,
         )
         self.started.append(worker)
@@ -174,19 +196,38 @@ def statuses(app) -> dict[str, int]:
 
 def assert_each_effect_once(app, sagas: int) -> None:
     engine = app.engine
-    assert scalar(engine, "SELECT count(*) FROM orders.orders WHERE status = 'CONFIRMED'") == sagas
     assert (
-        scalar(engine, "SELECT count(*) FROM inventory.reservation WHERE status = 'RESERVED'")
+        scalar(
+            participant_db(app, "orders"),
+            "SELECT count(*) FROM orders.orders WHERE status = 'CONFIRMED'",
+        )
         == sagas
     )
     assert (
-        scalar(engine, "SELECT count(*) FROM payments.authorization WHERE status = 'AUTHORIZED'")
+        scalar(
+            participant_db(app, "inventory"),
+            "SELECT count(*) FROM inventory.reservation WHERE status = 'RESERVED'",
+        )
         == sagas
     )
-    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2 * sagas
+    assert (
+        scalar(
+            participant_db(app, "payments"),
+            "SELECT count(*) FROM payments.authorization WHERE status = 'AUTHORIZED'",
+        )
+        == sagas
+    )
+    assert (
+        scalar(
+            participant_db(app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
+        )
+        == 2 * sagas
+    )
     # Each step's command ran once per saga: one ledger row per command id.
     for schema, per_saga in (("orders", 2), ("inventory", 1), ("payments", 1)):
-        assert scalar(engine, f"SELECT count(*) FROM {schema}.command_ledger") == per_saga * sagas
+        ledger = f"SELECT count(*) FROM {schema}.command_ledger"
+        assert scalar(participant_db(app, schema), ledger) == per_saga * sagas
     successes = scalar(
         engine, "SELECT count(*) FROM saga.saga_history WHERE event = 'step_succeeded'"
     )

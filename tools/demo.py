@@ -235,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
     from participants.seed import seed
 
     env = {**os.environ, "SAGA_TASKS_APP": "participants.app:saga_app"}
-    print(f"PostgreSQL {mask_url(settings.database_url)}")
+    print(f"PostgreSQL {mask_url(settings.database_url)} (orchestrator)")
+    for name in saga_app.participants:
+        print(f"           {mask_url(settings.participant_database(name))} ({name})")
     print(f"RabbitMQ   {mask_url(settings.broker_url)}")
     log_dir = STATE_DIR / "logs"
     supervisor = Supervisor(
@@ -252,9 +254,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         supervisor.start()
         print(f"all started; logs in {log_dir}/")
-        with saga_app.engine.begin() as conn:
-            conn.execute(text("TRUNCATE inventory.reservation, payments.authorization"))
-        seed(saga_app.engine)
+        with saga_app.participant_engine("inventory").begin() as conn:
+            conn.execute(text("TRUNCATE inventory.reservation"))
+        with saga_app.participant_engine("payments").begin() as conn:
+            conn.execute(text("TRUNCATE payments.authorization"))
+        seed(saga_app.participant_engine)
         ok = stream(saga_app, args, supervisor)
         flower = f"http://{args.flower_address}:{args.flower_port}"
         print(f"\nFlower:    {flower}  (workers and tasks; broker tab via the management API)")
@@ -353,10 +357,10 @@ def summary(
             {"ids": list(planned)},
         ).all()
         invalid = conn.execute(text("SELECT count(*) FROM saga.invalid_message")).scalar_one()
-        recovered = sum(
-            conn.execute(select(func.count()).where(table.c.recovered)).scalar_one()
-            for table in app.outbox_tables()
-        )
+    recovered = 0
+    for table in app.outbox_tables():  # each in its own database
+        with app.table_engine(table).connect() as conn:
+            recovered += conn.execute(select(func.count()).where(table.c.recovered)).scalar_one()
     by_path: dict[str, Counter[str]] = {p.name: Counter() for p in PATHS}
     mismatched = []
     latencies = []

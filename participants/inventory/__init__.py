@@ -14,9 +14,10 @@ from typing import Any
 from sqlalchemy import CheckConstraint, Column, DateTime, Integer, Table, Text, select, update
 from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
 
+from participants import MIGRATIONS
 from saga_tasks import BusinessRejection, CommandContext, Participant
 
-participant = Participant("inventory")
+participant = Participant("inventory", migrations=MIGRATIONS / "inventory")
 
 stock = Table(
     "stock",

@@ -9,9 +9,10 @@ from typing import Any
 from sqlalchemy import Column, DateTime, Integer, Table, Text, select, update
 from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
 
+from participants import MIGRATIONS
 from saga_tasks import BusinessRejection, CommandContext, Participant
 
-participant = Participant("orders")
+participant = Participant("orders", migrations=MIGRATIONS / "orders")
 
 orders = Table(
     "orders",

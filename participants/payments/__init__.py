@@ -15,9 +15,10 @@ from typing import Any
 from sqlalchemy import BigInteger, Column, DateTime, Integer, Table, Text, select, text, update
 from sqlalchemy.dialects.postgresql import UUID, insert
 
+from participants import MIGRATIONS
 from saga_tasks import BusinessRejection, CommandContext, Participant
 
-participant = Participant("payments")
+participant = Participant("payments", migrations=MIGRATIONS / "payments")
 
 customer = Table(
     "customer",

@@ -69,7 +69,7 @@ class Dispatcher:
         *,
         broker_url: str,
         encode: Callable[[OutboundMessage], Encoded],
-        engine: Callable[[], Engine],
+        engine: Callable[[Table], Engine],
         mark_interval: float = 0.25,
         capacity: int = 10_000,
         connect_timeout: float = 5.0,
@@ -328,8 +328,8 @@ class _Sender:
             return
         batches, self.confirmed = self.confirmed, {}
         self.last_mark = time.monotonic()
-        engine = self.owner._engine()
         for name, items in batches.items():
+            engine = self.owner._engine(self.tables[name])
             try:
                 with translated(engine.url), engine.begin() as conn:
                     outbox.mark_published(

@@ -22,7 +22,12 @@ __all__ = [
 
 @dataclass
 class Isolation:
-    """A vhost and a database of one's own for one test run, and the URLs to reach them."""
+    """A vhost and a database of one's own for one test run, and the URLs to reach them.
+
+    With ``participants``, each of them gets a database of its own too
+    (``<ident>_<name>``, from the template ``<template>_<name>`` when a template is
+    given), and ``env`` sets ``SAGA_PARTICIPANT_DATABASE_URL`` to reach them.
+    """
 
     admin_database_url: str = "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres"
     broker_host: str = "guest:guest@127.0.0.1:5672"
@@ -30,6 +35,7 @@ class Isolation:
     template: str | None = None
     name: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     rabbit: RabbitAdmin = field(default_factory=RabbitAdmin)
+    participants: tuple[str, ...] = ()
 
     @property
     def ident(self) -> str:
@@ -41,6 +47,18 @@ class Isolation:
             make_url(self.admin_database_url).set(database=self.ident).render_as_string(False)
         )
 
+    def participant_url(self, name: str) -> str:
+        """The database URL of participant ``name``."""
+        database = f"{self.ident}_{name}"
+        return str(make_url(self.admin_database_url).set(database=database).render_as_string(False))
+
+    @property
+    def participant_database_url(self) -> str:
+        """``SAGA_PARTICIPANT_DATABASE_URL`` for this isolation ("" without participants)."""
+        if not self.participants:
+            return ""
+        return self.participant_url("PARTICIPANT").replace("_PARTICIPANT", "_{participant}")
+
     @property
     def broker_url(self) -> str:
         return f"amqp://{self.broker_host}/{self.ident}"
@@ -49,17 +67,26 @@ class Isolation:
         self.rabbit.create_vhost(self.ident)
         try:
             create_database(self.database_url, template=self.template)
+            for name in self.participants:
+                template = f"{self.template}_{name}" if self.template else None
+                create_database(self.participant_url(name), template=template)
         except Exception:
-            self.rabbit.delete_vhost(self.ident)
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
-            drop_database(self.database_url)
+            for url in (self.database_url, *map(self.participant_url, self.participants)):
+                drop_database(url)
         finally:
             self.rabbit.delete_vhost(self.ident)
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a subprocess that should use this isolation."""
-        return {"SAGA_DATABASE_URL": self.database_url, "SAGA_BROKER_URL": self.broker_url, **extra}
+        return {
+            "SAGA_DATABASE_URL": self.database_url,
+            "SAGA_PARTICIPANT_DATABASE_URL": self.participant_database_url,
+            "SAGA_BROKER_URL": self.broker_url,
+            **extra,
+        }

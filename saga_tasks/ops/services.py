@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import redis
 
-from saga_tasks.config import Settings, unavailable
+from saga_tasks.config import Settings, mask_url, unavailable
+from saga_tasks.errors import ConfigurationError
 from saga_tasks.messaging.admin import check_broker
 from saga_tasks.persistence.admin import ensure_database
 from saga_tasks.persistence.db import check_database
@@ -16,6 +21,9 @@ from saga_tasks.persistence.migrate import (
     migrations_dir,
     upgrade,
 )
+
+if TYPE_CHECKING:
+    from saga_tasks.app import SagaApp
 
 
 def check_redis(url: str) -> None:
@@ -34,6 +42,59 @@ def check_all(settings: Settings) -> None:
     check_redis(settings.result_backend)
 
 
+@dataclass(frozen=True)
+class Target:
+    """One database to migrate and the chains it holds."""
+
+    name: str
+    """``saga`` (the orchestrator's database) or a participant's name."""
+    url: str
+    chains: tuple[str, ...]
+    library: bool
+    """The saga schema's chain runs here first (the orchestrator's database only)."""
+
+
+def targets(app: SagaApp | None, settings: Settings, only: Sequence[str] = ()) -> list[Target]:
+    """The databases of a deployment and their chains: the orchestrator's (the saga schema,
+    then the app's chains), then each participant's own (its chain alone); ``only`` picks
+    some by name. Without an app, the saga schema only."""
+    if app is None:
+        found = [Target("saga", settings.database_url, (), True)]
+    else:
+        found = [Target("saga", app.settings.database_url, tuple(app.migrations), True)]
+        found += [
+            Target(p.name, app.settings.participant_database(p.name), (str(p.migrations),), False)
+            for p in app.participants.values()
+            if p.migrations is not None
+        ]
+    unknown = sorted(set(only) - {t.name for t in found})
+    if unknown:
+        raise ConfigurationError(
+            f"{', '.join(unknown)}: not 'saga' nor a participant with migrations "
+            f"({', '.join(t.name for t in found)})"
+        )
+    return [t for t in found if not only or t.name in only]
+
+
+def upgrade_all(
+    app: SagaApp | None,
+    settings: Settings,
+    only: Sequence[str] = (),
+    *,
+    create: bool = True,
+    say: Callable[[str], None] = lambda _line: None,
+) -> list[tuple[str, str, str]]:
+    """Migrate every database of ``targets`` (creating missing ones with ``create``), one
+    after the other; (target, chain, revision) of each chain."""
+    done = []
+    for target in targets(app, settings, only):
+        if create and ensure_database(target.url):
+            say(f"created the database {mask_url(target.url)}")
+        for chain, revision in upgrade(target.url, target.chains, library=target.library):
+            done.append((target.name, chain, revision))
+    return done
+
+
 __all__ = [
     "chains",
     "check_all",
@@ -44,5 +105,7 @@ __all__ = [
     "current_revisions",
     "ensure_database",
     "migrations_dir",
+    "targets",
     "upgrade",
+    "upgrade_all",
 ]

@@ -124,33 +124,36 @@ def requested_without_outbox_row(conn: Connection) -> list[tuple[str, str, str, 
     return [(r[0], r[1], r[2], r[3]) for r in rows]
 
 
-_ON_NO_RECORD = """NOT EXISTS (SELECT 1 FROM saga.held_message h WHERE h.message_id = {id})
-    AND NOT EXISTS (SELECT 1 FROM saga.invalid_message v WHERE v.message_id = {id})"""
+def on_record(conn: Connection) -> set[str]:
+    """Ids of the messages held (dead-lettered, parked) or recorded as invalid."""
+    rows = conn.execute(
+        text(
+            "SELECT message_id FROM saga.held_message WHERE message_id IS NOT NULL "
+            "UNION SELECT message_id FROM saga.invalid_message WHERE message_id IS NOT NULL"
+        )
+    )
+    return {str(r[0]) for r in rows}
 
 
-def replies_never_applied(conn: Connection, schema: str) -> list[tuple[str, str, str]]:
-    """(saga id, message id, task) of replies the participant published that the
-    orchestrator's inbox never took and that are held or recorded nowhere."""
-    outbox = f"{_schema(schema)}.outbox"
-    sql = f"""SELECT o.saga_id::text, o.message_id::text, o.task_name FROM {outbox} o
-              WHERE o.published_at IS NOT NULL
-              AND NOT EXISTS (SELECT 1 FROM saga.inbox i WHERE i.consumer = 'orchestrator'
-                              AND i.message_id = o.message_id::text)
-              AND {_ON_NO_RECORD.format(id="o.message_id::text")}"""  # noqa: S608
-    return [(r[0], r[1], r[2]) for r in conn.execute(text(sql))]
+def applied_replies(conn: Connection) -> set[str]:
+    """Ids of the replies the orchestrator's inbox took."""
+    rows = conn.execute(text("SELECT message_id FROM saga.inbox WHERE consumer = 'orchestrator'"))
+    return {str(r[0]) for r in rows}
 
 
-def commands_never_claimed(
-    conn: Connection, schema: str, queues: Sequence[str]
-) -> list[tuple[str, str, str]]:
-    """(saga id, message id, task) of commands published to ``queues`` that the
-    participant's ledger never claimed and that are held or recorded nowhere."""
-    sql = f"""SELECT o.saga_id::text, o.message_id::text, o.task_name FROM saga.outbox o
-              WHERE o.published_at IS NOT NULL AND o.queue = ANY(:queues)
-              AND NOT EXISTS (SELECT 1 FROM {_schema(schema)}.command_ledger l
-                              WHERE l.command_id = (o.headers->>'saga_command_id')::uuid)
-              AND {_ON_NO_RECORD.format(id="o.message_id::text")}"""  # noqa: S608
-    return [(r[0], r[1], r[2]) for r in conn.execute(text(sql), {"queues": list(queues)})]
+def published(conn: Connection, schema: str) -> list[tuple[str, str, str, str, str | None]]:
+    """(saga id, message id, task, queue, command id) of every row published from
+    ``schema``'s outbox (a participant's replies, or the orchestrator's commands)."""
+    sql = f"""SELECT saga_id::text, message_id::text, task_name, queue,
+                     headers->>'saga_command_id' FROM {_schema(schema)}.outbox
+              WHERE published_at IS NOT NULL"""  # noqa: S608
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in conn.execute(text(sql))]
+
+
+def claimed(conn: Connection, schema: str) -> set[str]:
+    """Command ids in ``schema``'s command ledger (a participant's own database)."""
+    sql = f"SELECT command_id::text FROM {_schema(schema)}.command_ledger"  # noqa: S608
+    return {str(r[0]) for r in conn.execute(text(sql))}
 
 
 def operator_entries(conn: Connection, saga_ids: Sequence[str]) -> dict[tuple[str, str, str], int]:

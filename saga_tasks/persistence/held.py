@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, insert, select, update
+from sqlalchemy import Connection, Table, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from saga_tasks.errors import InputError
+from saga_tasks.errors import ConfigurationError, InputError
 from saga_tasks.persistence.tables import (
     ORCHESTRATOR,
     held_message,
@@ -67,7 +67,13 @@ def reply_applied(conn: Connection, message_id: str | None) -> bool:
 
 
 def executed(conn: Connection, ledger: Table, command_id: str) -> str | None:
-    """What a participant's ledger holds for a command: "kind, outcome", or None."""
+    """What a participant's ledger holds for a command: "kind, outcome", or None.
+
+    ``ConfigurationError`` if this database has no such ledger (the participant's tables
+    are in a database of its own that this process was not given)."""
+    name = f"{ledger.schema}.{ledger.name}"
+    if conn.execute(select(func.to_regclass(name))).scalar() is None:
+        raise ConfigurationError(f"no table {name} in this database")
     row = conn.execute(
         select(ledger.c.kind, ledger.c.outcome).where(ledger.c.command_id == command_id)
     ).first()

@@ -33,9 +33,12 @@ def migrations_dir() -> Path:
     raise ConfigurationError("cannot find the migrations directory")
 
 
-def chains(migrations: Sequence[str | Path] = ()) -> list[tuple[str, Path]]:
-    """The library's chain, then each of ``migrations``, named for reports."""
-    found = [(LIBRARY_CHAIN, migrations_dir())]
+def chains(
+    migrations: Sequence[str | Path] = (), *, library: bool = True
+) -> list[tuple[str, Path]]:
+    """The library's chain (unless ``library`` is False: a participant's database), then
+    each of ``migrations``, named for reports."""
+    found = [(LIBRARY_CHAIN, migrations_dir())] if library else []
     for location in migrations:
         path = Path(location).resolve()
         if not (path / "env.py").exists():
@@ -44,11 +47,14 @@ def chains(migrations: Sequence[str | Path] = ()) -> list[tuple[str, Path]]:
     return found
 
 
-def upgrade(url: str, migrations: Sequence[str | Path] = ()) -> list[tuple[str, str]]:
-    """Bring the saga schema, then each chain of ``migrations``, to head; return each
-    chain's revision. One transaction under one advisory lock: two runs at once
-    serialize, and a failing chain leaves every chain as it was."""
-    found = chains(migrations)
+def upgrade(
+    url: str, migrations: Sequence[str | Path] = (), *, library: bool = True
+) -> list[tuple[str, str]]:
+    """Bring the saga schema (unless ``library`` is False), then each chain of
+    ``migrations``, to head; return each chain's revision. One transaction under one
+    advisory lock: two runs at once serialize, and a failing chain leaves every chain
+    of this database as it was."""
+    found = chains(migrations, library=library)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
     try:
@@ -64,9 +70,11 @@ def upgrade(url: str, migrations: Sequence[str | Path] = ()) -> list[tuple[str, 
         engine.dispose()
 
 
-def current_revisions(url: str, migrations: Sequence[str | Path] = ()) -> list[tuple[str, str]]:
+def current_revisions(
+    url: str, migrations: Sequence[str | Path] = (), *, library: bool = True
+) -> list[tuple[str, str]]:
     """Each chain's revision (``none`` for a chain never applied); changes nothing."""
-    found = chains(migrations)
+    found = chains(migrations, library=library)
     engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
     try:
         with translated(url), engine.connect() as conn:

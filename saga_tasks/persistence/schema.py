@@ -151,9 +151,37 @@ def create_participant_tables(target: Operations | Connection, schema: str) -> N
     )
 
 
-def drop_participant_tables(target: Operations | Connection, schema: str) -> None:
-    """Drop what ``create_participant_tables`` created, except the schema itself."""
+def create_redelivery_table(target: Operations | Connection, schema: str) -> None:
+    """Create ``schema``'s redelivery counts (``tables.redelivery_table``): a participant
+    with a database of its own counts the redeliveries of its commands there, to
+    dead-letter one that keeps killing its worker.
+
+    Not part of ``create_participant_tables``, whose tables never change: a participant
+    schema created before this table existed gets it from a migration calling this.
+    """
     op = _operations(target)
+    op.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
+    op.create_table(
+        "redelivery",
+        sa.Column("consumer", sa.Text(), nullable=False),
+        sa.Column("message_id", sa.Text(), nullable=False),
+        sa.Column("count", sa.Integer(), nullable=False),
+        sa.Column(
+            "first_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
+        sa.Column(
+            "last_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
+        sa.PrimaryKeyConstraint("consumer", "message_id", name=f"pk_{schema}_redelivery"),
+        schema=schema,
+    )
+
+
+def drop_participant_tables(target: Operations | Connection, schema: str) -> None:
+    """Drop what ``create_participant_tables`` and ``create_redelivery_table`` created,
+    except the schema itself."""
+    op = _operations(target)
+    op.execute(sa.text(f'DROP TABLE IF EXISTS "{schema}".redelivery'))
     op.drop_index(f"ix_{schema}_outbox_unpublished", table_name="outbox", schema=schema)
     op.drop_table("outbox", schema=schema)
     op.drop_table("command_ledger", schema=schema)

@@ -229,20 +229,30 @@ another, so the intake can run again after a crash without recording a message t
 The body is kept as the broker delivered it, for replay; it never goes to logs.
 """
 
-redelivery = Table(
-    "redelivery",
-    metadata,
-    Column("consumer", Text, nullable=False),
-    Column("message_id", Text, nullable=False),
-    Column("count", Integer, nullable=False),
-    Column("first_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("last_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    PrimaryKeyConstraint("consumer", "message_id", name="pk_redelivery"),
-    schema=SAGA_SCHEMA,
-)
-"""Redeliveries per message: a message that keeps killing its worker is dead-lettered
-after a bounded number of them. Only redelivered messages are counted, so the hot
-path (first deliveries) writes nothing here."""
+
+def redelivery_table(schema: str, meta: MetaData = metadata) -> Table:
+    """Redeliveries per message: a message that keeps killing its worker is dead-lettered
+    after a bounded number of them. Only redelivered messages are counted, so the hot
+    path (first deliveries) writes nothing here. The orchestrator's is in the saga schema;
+    each participant counts its own in its schema (its database)."""
+    return Table(
+        "redelivery",
+        meta,
+        Column("consumer", Text, nullable=False),
+        Column("message_id", Text, nullable=False),
+        Column("count", Integer, nullable=False),
+        Column("first_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        Column("last_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        PrimaryKeyConstraint(
+            "consumer",
+            "message_id",
+            name="pk_redelivery" if schema == SAGA_SCHEMA else f"pk_{schema}_redelivery",
+        ),
+        schema=schema,
+    )
+
+
+redelivery = redelivery_table(SAGA_SCHEMA)
 
 alert_sent = Table(
     "alert_sent",

@@ -49,6 +49,25 @@ def body_digest(body: Any) -> tuple[str | None, int | None]:
     return hashlib.sha256(raw).hexdigest(), len(raw)
 
 
+def observe(
+    *,
+    consumer: str,
+    reason: str,
+    message_id: str | None,
+    headers: Mapping[str, Any] | None,
+    queue: str | None = None,
+) -> dict[str, Any]:
+    """Count and log an invalid message; the log fields. A participant does only this: its
+    worker parks the message, and the orchestrator's intake keeps the parked copy with
+    its reason (a participant's database holds no saga tables)."""
+    saga_id = safe_headers(headers).get("saga_id")
+    metrics.INVALID_MESSAGES.labels(consumer=consumer).inc()
+    metrics.MESSAGES.labels(consumer=consumer, classification="invalid").inc()
+    fields = {"saga_id": saga_id, "message_id": message_id, "consumer": consumer, "queue": queue}
+    log.warning("invalid message: %s", reason, extra=fields)
+    return fields
+
+
 def record(
     engine: Engine,
     *,
@@ -73,10 +92,9 @@ def record(
     task_name = storable.optional_text(task_name)
     message_id = storable.optional_text(message_id)
     reason = storable.text(reason)
-    metrics.INVALID_MESSAGES.labels(consumer=consumer).inc()
-    metrics.MESSAGES.labels(consumer=consumer, classification="invalid").inc()
-    fields = {"saga_id": saga_id, "message_id": message_id, "consumer": consumer, "queue": queue}
-    log.warning("invalid message: %s", reason, extra=fields)
+    fields = observe(
+        consumer=consumer, reason=reason, message_id=message_id, headers=headers, queue=queue
+    )
     row: dict[str, Any] = {
         "consumer": storable.text(consumer),
         "reason": reason,

@@ -69,12 +69,14 @@ class Outlet(Protocol):
 class SyncOutlet:
     """Publish, wait for the confirms, mark the rows, then return."""
 
-    def __init__(self, engine: Callable[[], Engine], publisher: Callable[[], Publisher]) -> None:
+    def __init__(
+        self, engine: Callable[[Table], Engine], publisher: Callable[[], Publisher]
+    ) -> None:
         self._engine = engine
         self._publisher = publisher
 
     def send(self, table: Table, messages: Sequence[OutboundMessage]) -> None:
-        deliver(self._engine(), table, self._publisher(), messages)
+        deliver(self._engine(table), table, self._publisher(), messages)
 
     def flush(self, timeout: float) -> bool:
         return True

@@ -18,7 +18,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -40,10 +40,11 @@ from saga_tasks.observability import metrics, tracing
 from saga_tasks.observability.tracing import OFF, Tracing
 from saga_tasks.participant import CommandContext, Handler, Participant
 from saga_tasks.persistence import ledger as ledger_sql
+from saga_tasks.persistence import redeliveries
 from saga_tasks.persistence.db import translated
 from saga_tasks.runtime import invalid
 from saga_tasks.runtime.hooks import NO_HOOKS, CommandProbe, Hooks
-from saga_tasks.runtime.outlet import Outlet
+from saga_tasks.runtime.outlet import Outlet, relay
 
 log = logging.getLogger("saga_tasks.runtime.participant")
 
@@ -118,8 +119,9 @@ class ParticipantRuntime:
     ) -> str:
         """Handle one delivery; return what happened (for logs and tests).
 
-        A message that makes no sense is recorded and returns ``"invalid"``, or with
-        ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
+        A message that makes no sense is counted and logged and returns ``"invalid"``, or
+        with ``raise_invalid`` raises ``InvalidMessage``: the worker parks it, and the
+        orchestrator's intake keeps it with its reason.
         """
         traceparent = (headers or {}).get("traceparent")
         name = f"saga.command {handler.task_name}"
@@ -132,15 +134,12 @@ class ParticipantRuntime:
                         f"a {command.kind.value} message reached {handler.task_name}"
                     )
             except InvalidMessage as exc:
-                invalid.record(
-                    engine,
+                invalid.observe(
                     consumer=self.participant.name,
                     reason=exc.reason,
                     queue=self.participant.queue,
-                    task_name=handler.task_name,
                     message_id=message_id,
                     headers=headers,
-                    body=body,
                 )
                 if raise_invalid:
                     raise
@@ -205,6 +204,26 @@ class ParticipantRuntime:
                 extra={**fields, "status_before": before, "status_after": after},
             )
             return outcome
+
+    def recover_outbox(self, *, min_age: float, batch: int) -> int:
+        """Publish this participant's replies whose publish-after-commit did not happen
+        (a crash, an outage); the number published. Runs in the participant's own worker,
+        on its own database and with its own broker user (``worker.upkeep``)."""
+        report = relay(
+            self._engine(),
+            self.participant.outbox,
+            self._publisher(),
+            min_age_seconds=min_age,
+            batch=batch,
+        )
+        return report.published
+
+    def forget_redeliveries(self, keep: float) -> int:
+        """Drop this participant's redelivery counts untouched for ``keep`` seconds."""
+        engine = self._engine()
+        before = self.clock.now() - timedelta(seconds=keep)
+        with translated(engine.url), engine.begin() as conn:
+            return redeliveries.forget(conn, before, self.participant.redelivery)
 
     def _claim(self, handler: Handler, command: Command) -> ledger_sql.Claim:
         return ledger_sql.Claim(

@@ -23,7 +23,7 @@ from saga_tasks.core.events import OperatorAction, OperatorVerb
 from saga_tasks.core.messages import H_COMMAND_ID, OutboundMessage
 from saga_tasks.core.model import SagaState
 from saga_tasks.core.states import TERMINAL_SAGA, MessageKind
-from saga_tasks.errors import ActionRefused, InputError
+from saga_tasks.errors import ActionRefused, ConfigurationError, InputError, ServiceUnavailable
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.persistence import held as held_sql
 from saga_tasks.persistence import sagas
@@ -82,7 +82,7 @@ class Replayer:
         engine: Callable[[], Engine],
         publisher: Callable[[], Publisher],
         act_in: ActIn,
-        ledgers: Mapping[str, Table],
+        ledgers: Mapping[str, tuple[Callable[[], Engine], Table]],
         max_age: float,
         clock: Clock,
     ) -> None:
@@ -90,7 +90,7 @@ class Replayer:
         self._publisher = publisher
         self._act_in = act_in
         self.ledgers = ledgers
-        """Each participant's command ledger by participant name (the effect check)."""
+        """Each participant's database and command ledger by name (the effect check)."""
         self.max_age = max_age
         self.clock = clock
 
@@ -157,22 +157,28 @@ class Replayer:
                 if awaited
                 else Check("late", f"step {step!r} has moved on ({st.status.value})", True)
             )
-            done = self._executed(conn, row["task_name"], command_id)
-            checks.append(
-                Check("effect", f"the participant already executed it ({done})", True)
-                if done
-                else Check("effect", "the participant has no record of it", False)
-            )
+            checks.append(self._effect(row["task_name"], command_id))
         return checks
 
-    def _executed(
-        self, conn: Connection, task_name: str | None, command_id: str | None
-    ) -> str | None:
-        """What the participant that owns the task recorded for the command, if known here."""
-        if not task_name or not command_id:
-            return None
-        ledger = self.ledgers.get(task_name.split(".", 1)[0])
-        return None if ledger is None else held_sql.executed(conn, ledger, command_id)
+    def _effect(self, task_name: str | None, command_id: str | None) -> Check:
+        """What the participant that owns the task recorded for the command, asked in its
+        own database (``SAGA_PARTICIPANT_DATABASE_URL``); a participant whose database
+        cannot be asked from here is said so, and does not block the replay: its ledger
+        refuses a command it ran already."""
+        owner = task_name.split(".", 1)[0] if task_name else None
+        found = self.ledgers.get(owner or "")
+        if found is None or not command_id:
+            return Check("effect", "the participant has no record of it", False)
+        engine_of, ledger = found
+        try:
+            engine = engine_of()
+            with translated(engine.url), engine.connect() as conn:
+                done = held_sql.executed(conn, ledger, command_id)
+        except (ServiceUnavailable, ConfigurationError, InputError) as exc:
+            return Check("effect", f"{owner}'s ledger could not be asked from here: {exc}", False)
+        if done:
+            return Check("effect", f"the participant already executed it ({done})", True)
+        return Check("effect", "the participant has no record of it", False)
 
     def replay(
         self,

@@ -20,6 +20,10 @@
   hand, so the participant must not have done it too; a compensation skipped is
   undone by hand, so its effect is not looked for).
 
+Each question is asked of the database that holds the answer: the saga tables of the
+orchestrator's (``engine``), a participant's tables of its own (``participant_engine``;
+by default the same one); what spans two databases is compared here.
+
 Call it once the queues are empty (a message still queued is not lost) and the
 workers idle. ``operator_accounting`` checks a list of accepted operator actions
 against the history; ``evidence`` prints sagas as an incident review reads them.
@@ -37,9 +41,12 @@ from sqlalchemy import Connection, Engine
 from saga_tasks.participant import Participant
 from saga_tasks.persistence import audit
 
-Effects = Callable[[Connection], Mapping[str, Mapping[str, bool]]]
-"""Reads the participants' own tables: for each saga id, whether each step's business
-effect is there (a step missing from the mapping is not checked)."""
+EngineOf = Callable[[str], Engine]
+"""A participant's engine by participant name."""
+
+Effects = Callable[[EngineOf, Sequence[str]], Mapping[str, Mapping[str, bool]]]
+"""Reads the participants' own tables: for each of the given saga ids, whether each
+step's business effect is there (a step missing from the mapping is not checked)."""
 
 FINAL_EVENT = {
     "COMPLETED": "saga_completed",
@@ -80,11 +87,13 @@ def check_invariants(
     engine: Engine,
     participants: Sequence[Participant],
     *,
+    participant_engine: EngineOf | None = None,
     effects: Effects | None = None,
     lost: bool = True,
 ) -> Report:
     """Every broken invariant of the deployment's sagas (see the module docstring);
     ``lost=False`` leaves out the lost-message checks (``lost_messages`` runs them alone)."""
+    engine_of = participant_engine or (lambda _name: engine)
     report = Report()
     found = report.violations
     with engine.connect() as conn:
@@ -96,19 +105,45 @@ def check_invariants(
         steps = audit.step_statuses(conn)
         found += _statuses_agree(steps)
         if effects is not None:
-            found += _effects_agree(steps, effects(conn), report.by_hand)
+            saga_ids = sorted({saga_id for saga_id, *_ in steps})
+            found += _effects_agree(steps, effects(engine_of, saga_ids), report.by_hand)
         found += _history(conn)
-        found += _outboxes(conn, participants)
-        if lost:
-            found += _lost(conn, participants)
+        found += _outboxes(conn, participants, engine_of)
+    if lost:
+        found += lost_messages(engine, participants, participant_engine=participant_engine)
     return report
 
 
-def lost_messages(engine: Engine, participants: Sequence[Participant]) -> list[str]:
+def lost_messages(
+    engine: Engine,
+    participants: Sequence[Participant],
+    *,
+    participant_engine: EngineOf | None = None,
+) -> list[str]:
     """Published messages that never reached their consumer and are on no record (run it
     once the queues are empty: a message still queued is not lost)."""
+    engine_of = participant_engine or (lambda _name: engine)
     with engine.connect() as conn:
-        return _lost(conn, participants)
+        applied = audit.applied_replies(conn)
+        on_record = audit.on_record(conn)
+        commands = audit.published(conn, "saga")
+    found = []
+    for p in participants:
+        with engine_of(p.name).connect() as conn:
+            replies = audit.published(conn, p.schema)
+            ledger = audit.claimed(conn, p.schema)
+        found += [
+            f"saga {s}: a reply of {t} from {p.name} ({m}) was published and never "
+            "reached the orchestrator"
+            for s, m, t, _q, _c in replies
+            if m not in applied and m not in on_record
+        ]
+        found += [
+            f"saga {s}: command {m} ({t}) was published and never reached {p.name}"
+            for s, m, t, queue, command_id in commands
+            if queue == p.queue and command_id not in ledger and m not in on_record
+        ]
+    return found
 
 
 def _by_hand(conn: Connection) -> dict[tuple[str, str], ByHand]:
@@ -189,31 +224,21 @@ def _history(conn: Connection) -> list[str]:
     return found
 
 
-def _outboxes(conn: Connection, participants: Sequence[Participant]) -> list[str]:
+def _outboxes(
+    conn: Connection, participants: Sequence[Participant], engine_of: EngineOf
+) -> list[str]:
     found = []
-    for schema in ("saga", *(p.schema for p in participants)):
-        left = audit.unpublished(conn, schema)
-        if left:
-            found.append(f"{left} messages never published from {schema}.outbox")
+    left = {"saga": audit.unpublished(conn, "saga")}
+    for p in participants:
+        with engine_of(p.name).connect() as own:
+            left[p.schema] = audit.unpublished(own, p.schema)
+    found += [
+        f"{n} messages never published from {schema}.outbox" for schema, n in left.items() if n
+    ]
     found += [
         f"saga {saga_id}: step {step}'s {which} {command_id} was requested but has no outbox row"
         for saga_id, step, which, command_id in audit.requested_without_outbox_row(conn)
     ]
-    return found
-
-
-def _lost(conn: Connection, participants: Sequence[Participant]) -> list[str]:
-    found = []
-    for p in participants:
-        found += [
-            f"saga {s}: a reply of {t} from {p.name} ({m}) was published and never "
-            "reached the orchestrator"
-            for s, m, t in audit.replies_never_applied(conn, p.schema)
-        ]
-        found += [
-            f"saga {s}: command {m} ({t}) was published and never reached {p.name}"
-            for s, m, t in audit.commands_never_claimed(conn, p.schema, [p.queue])
-        ]
     return found
 
 

@@ -2,7 +2,8 @@
 
 Celery logs and acks an undecodable body, and rejects a message with no task name
 or an unknown one; none of that reaches our tasks. Here each of those is written
-to ``saga.invalid_message`` with its reason (and counted), parked as it arrived
+to ``saga.invalid_message`` with its reason (on a participant's queue: counted and
+logged only, its database holds no saga tables), parked as it arrived
 (bytes and headers, with the reason) and then acked, so the worker keeps running
 and an operator can see and replay what arrived. A message that cannot be parked is
 rejected into the dead-letter queue instead of being dropped; once parked it is acked
@@ -115,6 +116,17 @@ class SagaConsumer(ImmediateAckConsumer):
             # dead-letter queue as it is, where the intake records it.
             log.exception("invalid message could not be parked; dead-lettering it", extra=fields)
             message.reject_log_error(log, self._connection_errors(), requeue=False)
+            return
+        if queue in {r.participant.queue for r in parts.runtimes.values()}:
+            # A participant's database holds no saga tables: the parked copy is the record.
+            invalid.observe(
+                consumer=f"worker {getattr(self, 'hostname', '?')}",
+                reason=reason,
+                queue=queue,
+                message_id=fields["message_id"],
+                headers=headers,
+            )
+            message.ack_log_error(log, self._connection_errors())
             return
         try:
             invalid.record(

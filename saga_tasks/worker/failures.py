@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery.exceptions import Ignore, Reject
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Table
 
 from saga_tasks.core.messages import H_SAGA_ID, OutboundMessage
 from saga_tasks.errors import InvalidMessage, PublishFailed, SagaTasksError, ServiceUnavailable
@@ -89,11 +89,19 @@ def _header_count(request: Any, header: str) -> int:
 
 
 @dataclass(frozen=True)
-class FailurePolicy:
-    """The failure table above, with what it needs: the database (redelivery counts), the
-    broker (retry copies) and the holding queues."""
+class Counter:
+    """Where a consumer counts redeliveries: its own database's redelivery table."""
 
     engine: Callable[[], Engine]
+    table: Table
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """The failure table above, with what it needs: the database of each queue's consumer
+    (redelivery counts), the broker (retry copies) and the holding queues."""
+
+    counters: Callable[[str], Counter]
     publisher: Callable[[], Publisher]
     holding: Holding
     retry_delays: Sequence[int]
@@ -163,9 +171,10 @@ class FailurePolicy:
         )
 
     def _count_redelivery(self, consumer: str, message_id: str) -> int:
-        engine = self.engine()
+        counter = self.counters(consumer)
+        engine = counter.engine()
         with translated(engine.url), engine.begin() as conn:
-            return redeliveries.count(conn, consumer, message_id)
+            return redeliveries.count(conn, consumer, message_id, counter.table)
 
     def _send_back(
         self, request: Any, queue: str, *, delay: int, extra: dict[str, Any]
@@ -218,4 +227,4 @@ class FailurePolicy:
         )
 
 
-__all__ = ["H_OUTAGE", "H_RETRY", "FailurePolicy", "Parked"]
+__all__ = ["H_OUTAGE", "H_RETRY", "Counter", "FailurePolicy", "Parked"]

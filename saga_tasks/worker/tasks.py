@@ -41,6 +41,7 @@ from saga_tasks.runtime.participant import ParticipantRuntime
 from saga_tasks.runtime.sweeper import Sweeper
 from saga_tasks.worker.beat import beat_schedule
 from saga_tasks.worker.failures import FailurePolicy
+from saga_tasks.worker.upkeep import ParticipantUpkeep, consumed_runtimes
 
 RELAY_TASK = "saga_tasks.relay_outbox"
 SWEEP_TASK = "saga_tasks.sweep_timeouts"
@@ -88,6 +89,7 @@ def register(celery: Celery, parts: WorkerParts) -> None:
     )
     celery.saga_parts = parts  # type: ignore[attr-defined]
     celery.steps["consumer"].add(DeclareTopology)
+    celery.steps["consumer"].add(ParticipantUpkeep)
     _register_orchestrator_tasks(celery, parts)
     for runtime in parts.runtimes.values():
         for handler in runtime.participant.handlers.values():
@@ -229,10 +231,23 @@ class DeclareTopology(bootsteps.StartStopStep):
         parts: WorkerParts = c.app.saga_parts
         parts.topology.declare(c.connection)
         try:
-            check_database(parts.settings.database_url)
+            for url in database_urls(c, parts):
+                check_database(url)
         except ServiceUnavailable as exc:
             # Keep consuming: messages wait in their queues (requeued) until it is back.
             log.error("%s; messages are requeued until it answers", exc)
+
+
+def database_urls(c: Any, parts: WorkerParts) -> list[str]:
+    """The databases this worker uses: each consumed participant's, and the orchestrator's
+    unless it consumes participant queues only."""
+    runtimes = consumed_runtimes(c, parts.runtimes)
+    queues = c.app.amqp.queues
+    consumed = set(queues.consume_from or queues)
+    urls = [parts.settings.participant_database(r.participant.name) for r in runtimes]
+    if consumed - {r.participant.queue for r in runtimes}:
+        urls.insert(0, parts.settings.database_url)
+    return list(dict.fromkeys(urls))
 
 
 def _connect_logging(settings: Settings) -> None:

@@ -10,7 +10,7 @@ from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
-from tests.helpers import ORDER, rows, scalar
+from tests.helpers import ORDER, participant_db, rows, scalar
 
 
 def test_happy_path(order_app, workers):
@@ -19,13 +19,25 @@ def test_happy_path(order_app, workers):
     handle = order_app.start_saga("order", "e-1", ORDER)
     state = wait_for_status(order_app, handle.saga_id, [SagaStatus.COMPLETED])
     assert [s.status.value for s in state.steps.values()] == ["SUCCEEDED"] * 4
-    engine = order_app.engine
     assert (
-        scalar(engine, "SELECT status FROM orders.orders WHERE saga_id = :s", s=handle.saga_id)
+        scalar(
+            participant_db(order_app, "orders"),
+            "SELECT status FROM orders.orders WHERE saga_id = :s",
+            s=handle.saga_id,
+        )
         == "CONFIRMED"
     )
-    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2
-    assert scalar(engine, "SELECT status FROM payments.authorization") == "AUTHORIZED"
+    assert (
+        scalar(
+            participant_db(order_app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
+        )
+        == 2
+    )
+    assert (
+        scalar(participant_db(order_app, "payments"), "SELECT status FROM payments.authorization")
+        == "AUTHORIZED"
+    )
     assert state.steps["create_order"].result["order_id"]
 
 
@@ -39,9 +51,15 @@ def test_stock_failure_cancels_the_order(order_app, workers):
     assert state.steps["reserve_stock"].error == "out_of_stock"
     assert state.steps["create_order"].status.value == "COMPENSATED"
     assert state.steps["authorize_payment"].status.value == "SKIPPED"
-    assert scalar(order_app.engine, "SELECT status FROM orders.orders") == "CANCELLED"
     assert (
-        scalar(order_app.engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-scarce'")
+        scalar(participant_db(order_app, "orders"), "SELECT status FROM orders.orders")
+        == "CANCELLED"
+    )
+    assert (
+        scalar(
+            participant_db(order_app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-scarce'",
+        )
         == 0
     )
 
@@ -59,9 +77,21 @@ def test_payment_declined_releases_stock_and_cancels_the_order(order_app, worker
         "SKIPPED",
     ]
     engine = order_app.engine
-    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
-    assert scalar(engine, "SELECT status FROM inventory.reservation") == "RELEASED"
-    assert scalar(engine, "SELECT status FROM orders.orders") == "CANCELLED"
+    assert (
+        scalar(
+            participant_db(order_app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
+        )
+        == 0
+    )
+    assert (
+        scalar(participant_db(order_app, "inventory"), "SELECT status FROM inventory.reservation")
+        == "RELEASED"
+    )
+    assert (
+        scalar(participant_db(order_app, "orders"), "SELECT status FROM orders.orders")
+        == "CANCELLED"
+    )
     events = [h["event"] for h in rows(engine, "SELECT event FROM saga.saga_history ORDER BY id")]
     assert events.index("compensation_started") < events.index("saga_compensated")
 
@@ -74,8 +104,14 @@ def test_same_business_key_started_twice_is_one_saga(order_app, workers):
     second = order_app.start_saga("order", "e-4", ORDER)
     assert second.saga_id == first.saga_id and not second.created
     assert second.status is SagaStatus.COMPLETED
-    assert scalar(order_app.engine, "SELECT count(*) FROM orders.orders") == 1
-    assert scalar(order_app.engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2
+    assert scalar(participant_db(order_app, "orders"), "SELECT count(*) FROM orders.orders") == 1
+    assert (
+        scalar(
+            participant_db(order_app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
+        )
+        == 2
+    )
 
 
 @pytest.mark.demo_faults
@@ -124,10 +160,23 @@ def test_a_command_delivered_twice_has_one_effect(order_app, workers):
         ),
         describe="the re-sent stored reply to reach the orchestrator",
     )
-    engine = order_app.engine
-    assert scalar(engine, "SELECT count(*) FROM inventory.reservation") == 1
-    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 2
-    assert scalar(engine, "SELECT count(*) FROM inventory.command_ledger") == 1
+    assert (
+        scalar(participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.reservation")
+        == 1
+    )
+    assert (
+        scalar(
+            participant_db(order_app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
+        )
+        == 2
+    )
+    assert (
+        scalar(
+            participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.command_ledger"
+        )
+        == 1
+    )
     assert order_app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED
 
 

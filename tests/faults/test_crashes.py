@@ -8,7 +8,7 @@ import pytest
 
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.testing import queue_depths, wait_for
-from tests.helpers import ORDER, assert_each_effect_once, rows, scalar, statuses
+from tests.helpers import ORDER, assert_each_effect_once, participant_db, rows, scalar, statuses
 
 PARTICIPANT_QUEUES = ["orders.commands", "inventory.commands", "payments.commands"]
 
@@ -48,6 +48,9 @@ def test_orchestrator_killed_mid_saga_and_restarted(order_app, workers):
 
 @pytest.mark.demo_faults
 def test_participant_killed_after_commit_reply_recovered_from_outbox(order_app, workers, settings):
+    """The reply a participant committed and never published is republished by its own
+    worker's outbox recovery once the service is back (its database and broker user are
+    its own: nobody else can)."""
     workers.orchestrator()
     workers.beat()
     workers.start("orders", ["orders.commands"])
@@ -60,25 +63,29 @@ def test_participant_killed_after_commit_reply_recovered_from_outbox(order_app, 
         lambda: not inventory.alive(), timeout=30, describe="the inventory worker to kill itself"
     )
     # Committed: the reservation and the reply in the outbox; published: nothing.
-    assert scalar(order_app.engine, "SELECT count(*) FROM inventory.reservation") == 1
+    assert (
+        scalar(participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.reservation")
+        == 1
+    )
+    restarted = workers.start("inventory-again", ["inventory.commands"])
     state = wait_for(
         lambda: (s := order_app.orchestrator.get(handle.saga_id)).status in TERMINAL_SAGA and s,
         timeout=60,
-        describe="the saga to finish without the inventory worker",
+        describe="the saga to finish once the inventory service is back",
     )
     assert state.status is SagaStatus.COMPLETED
     assert not inventory.alive()
-    outbox = rows(order_app.engine, "SELECT published_at, recovered FROM inventory.outbox")
+    outbox = rows(
+        participant_db(order_app, "inventory"),
+        "SELECT published_at, recovered FROM inventory.outbox",
+    )
     assert len(outbox) == 1 and outbox[0]["published_at"] is not None
     assert outbox[0]["recovered"] is True, "published by recovery, not by the dead worker"
-    assert (
-        "outbox recovery published 1 of 1 rows from inventory.outbox"
-        in workers.started[0].log_text()
-    )
+    assert "outbox recovery published 1 of 1 rows from inventory.outbox" in restarted.log_text()
 
-    # The reserve command was never acked: a new inventory worker gets it again,
-    # finds it in the ledger, re-sends the stored reply and changes nothing.
-    workers.start("inventory", ["inventory.commands"])
+    # The reserve command was never acked: the new inventory worker gets it again (after
+    # its recovery pass, which runs before it takes a message), finds it in the ledger,
+    # re-sends the stored reply and changes nothing.
     wait_for(
         lambda: (
             queue_depths(settings.broker_url, ["inventory.commands"])["inventory.commands"] == 0
@@ -137,5 +144,5 @@ def test_participant_killed_before_commit_leaves_nothing_and_runs_again(order_ap
     )
     assert state.status is SagaStatus.COMPLETED
     assert_each_effect_once(order_app, 1)
-    assert scalar(order_app.engine, "SELECT authorized_cents FROM payments.customer "
+    assert scalar(participant_db(order_app, "payments"), "SELECT authorized_cents FROM payments.customer "
                   "WHERE customer_id = 'c-1'") == ORDER["amount_cents"]  # fmt: skip

@@ -13,7 +13,7 @@ from kombu import Connection
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.ops.processes import Supervisor
 from saga_tasks.testing import RabbitAdmin, wait_for, wait_for_status
-from tests.helpers import ORDER, held, rows, scalar
+from tests.helpers import ORDER, held, participant_db, rows, scalar
 
 
 def published(isolation, queue):
@@ -48,7 +48,10 @@ def test_a_transient_error_is_retried_through_the_tiers_then_succeeds(
         describe="the broker to count one publish on each retry queue",
     )
     assert published(isolation, "inventory.commands.retry.3s") == 0
-    assert scalar(order_app.engine, "SELECT count(*) FROM inventory.reservation") == 1
+    assert (
+        scalar(participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.reservation")
+        == 1
+    )
     assert held(order_app) == []
 
 
@@ -76,16 +79,19 @@ def test_retries_spent_dead_letter_and_the_saga_compensates(order_app, workers):
         for r in rows(order_app.engine, "SELECT event FROM saga.saga_history ORDER BY id")
     ]
     assert "dead_lettered" in events
-    engine = order_app.engine
-    assert scalar(engine, "SELECT count(*) FROM payments.authorization") == 0
+    payments = participant_db(order_app, "payments")
+    assert scalar(payments, "SELECT count(*) FROM payments.authorization") == 0
     assert (
         scalar(
-            engine,
+            payments,
             "SELECT kind FROM payments.command_ledger WHERE step = 'authorize_payment' AND kind <> 'compensation'",
         )
         == "tombstone"
     )
-    assert scalar(engine, "SELECT status FROM orders.orders") == "CANCELLED"
+    assert (
+        scalar(participant_db(order_app, "orders"), "SELECT status FROM orders.orders")
+        == "CANCELLED"
+    )
 
 
 @pytest.mark.demo_faults
@@ -139,7 +145,10 @@ def test_a_message_that_kills_its_worker_every_time_is_dead_lettered_after_the_b
     assert dead["death_count"] == 3
     # SAGA_POISON_LIMIT=2: the first delivery and two redeliveries killed it; the third was held.
     assert supervisor.restarts == 3
-    assert scalar(order_app.engine, "SELECT count(*) FROM inventory.reservation") == 0
+    assert (
+        scalar(participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.reservation")
+        == 0
+    )
 
 
 @pytest.mark.demo_faults

@@ -8,7 +8,7 @@ import pytest
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
-from tests.helpers import ORDER, assert_each_effect_once, rows, scalar
+from tests.helpers import ORDER, assert_each_effect_once, participant_db, rows, scalar
 
 
 def history(app, saga_id):
@@ -29,16 +29,35 @@ def test_payment_timeout_late_success_is_compensated(fast_app, workers):
     handle = fast_app.start_saga("order", "late-1", payload)
     state = wait_for_status(fast_app, handle.saga_id, [SagaStatus.COMPENSATED], timeout=60)
     assert state.steps["authorize_payment"].given_up
-    engine = fast_app.engine
     wait_for(
-        lambda: scalar(engine, "SELECT status FROM payments.authorization") == "VOIDED",
+        lambda: (
+            scalar(
+                participant_db(fast_app, "payments"), "SELECT status FROM payments.authorization"
+            )
+            == "VOIDED"
+        ),
         timeout=30,
         describe="the late authorization to be voided",
     )
-    assert scalar(engine, "SELECT count(*) FROM payments.authorization") == 1
-    assert scalar(engine, "SELECT status FROM inventory.reservation") == "RELEASED"
-    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
-    assert scalar(engine, "SELECT status FROM orders.orders") == "CANCELLED"
+    assert (
+        scalar(participant_db(fast_app, "payments"), "SELECT count(*) FROM payments.authorization")
+        == 1
+    )
+    assert (
+        scalar(participant_db(fast_app, "inventory"), "SELECT status FROM inventory.reservation")
+        == "RELEASED"
+    )
+    assert (
+        scalar(
+            participant_db(fast_app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
+        )
+        == 0
+    )
+    assert (
+        scalar(participant_db(fast_app, "orders"), "SELECT status FROM orders.orders")
+        == "CANCELLED"
+    )
     events = wait_for(
         lambda: (
             (h := [e["event"] for e in history(fast_app, handle.saga_id)])
@@ -87,14 +106,32 @@ def test_orchestrator_killed_during_compensation(fast_app, workers):
             "FAILED",
             "SKIPPED",
         ]
-    engine = fast_app.engine
     assert (
-        scalar(engine, "SELECT count(*) FROM inventory.reservation WHERE status = 'RELEASED'") == 4
+        scalar(
+            participant_db(fast_app, "inventory"),
+            "SELECT count(*) FROM inventory.reservation WHERE status = 'RELEASED'",
+        )
+        == 4
     )
-    assert scalar(engine, "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'") == 0
-    assert scalar(engine, "SELECT count(*) FROM orders.orders WHERE status = 'CANCELLED'") == 4
     assert (
-        scalar(engine, "SELECT count(*) FROM inventory.command_ledger WHERE kind = 'compensation'")
+        scalar(
+            participant_db(fast_app, "inventory"),
+            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
+        )
+        == 0
+    )
+    assert (
+        scalar(
+            participant_db(fast_app, "orders"),
+            "SELECT count(*) FROM orders.orders WHERE status = 'CANCELLED'",
+        )
+        == 4
+    )
+    assert (
+        scalar(
+            participant_db(fast_app, "inventory"),
+            "SELECT count(*) FROM inventory.command_ledger WHERE kind = 'compensation'",
+        )
         == 4
     )
 
@@ -147,21 +184,21 @@ def test_orchestrator_killed_after_publish_before_ack(order_app, workers):
 @pytest.mark.demo_faults
 def test_relay_killed_after_publish_before_marking(order_app, workers):
     workers.start("maintenance", ["saga.maintenance"])
-    workers.start("replies", ["saga.replies"])
+    replies = workers.start("replies", ["saga.replies"])
     workers.beat()
-    workers.start("orders", ["orders.commands"])
-    workers.start("payments", ["payments.commands"])
-    inventory = workers.start("inventory", ["inventory.commands"])
-    # The inventory reply is left to recovery; recovery dies after publishing it, once.
+    workers.participants()
+    # The authorize command is left to recovery (the orchestrator dies after committing
+    # it); recovery dies after publishing it, before marking it, once.
     payload = {
         **ORDER,
         "demo_faults": {
-            "inventory.reserve": "crash_after_commit",
+            "saga_tasks.reply@reserve_stock": "crash_after_commit",
             "saga_tasks.relay": "crash_after_publish",
         },
     }
     handle = order_app.start_saga("order", "cp-3", payload)
-    wait_for(lambda: not inventory.alive(), timeout=30, describe="the inventory worker to die")
+    wait_for(lambda: not replies.alive(), timeout=30, describe="the orchestrator to die")
+    workers.start("replies", ["saga.replies"])
     maintenance = workers.started[0]
     wait_for(lambda: not maintenance.alive(), timeout=30, describe="outbox recovery to die")
     workers.start("maintenance", ["saga.maintenance"])
@@ -169,20 +206,28 @@ def test_relay_killed_after_publish_before_marking(order_app, workers):
     events = [e["event"] for e in history(order_app, handle.saga_id)]
     assert events.count("demo_fault") == 1
     assert events.count("step_succeeded") == 4
-    # Published twice (before the crash, and again by the next pass): one transition.
+    # Published twice (before the crash, and again by the next pass): the payments ledger
+    # answers the second from its record, and the orchestrator takes that reply as a
+    # duplicate; one transition.
     wait_for(
         lambda: "duplicate_message" in [e["event"] for e in history(order_app, handle.saga_id)],
         timeout=30,
-        describe="the second publish of the recovered reply to be deduplicated",
+        describe="the second publish of the recovered command to be deduplicated",
     )
-    # The second pass marks the row once its publish is confirmed (its commit may trail the reply).
+    # The second pass marks the row once its publish is confirmed.
     wait_for(
         lambda: (
-            scalar(order_app.engine, "SELECT count(*) FROM inventory.outbox WHERE recovered") == 1
+            scalar(
+                order_app.engine,
+                "SELECT count(*) FROM saga.outbox "
+                "WHERE recovered AND task_name = 'payments.authorize'",
+            )
+            == 1
         ),
         timeout=30,
-        describe="the recovered reply to be marked published",
+        describe="the recovered command to be marked published",
     )
+    assert_each_effect_once(order_app, 1)
 
 
 def test_a_standby_beat_takes_over_when_the_active_one_is_killed(order_app, workers):

@@ -113,10 +113,13 @@ def test_recovery_with_the_broker_away_keeps_the_rows(order_app, settings):
 
 
 def test_migrations_from_empty_twice_and_concurrently(template_database):
-    from participants import MIGRATIONS
+    """The deploy step migrates the orchestrator's database and each participant's own;
+    three at once serialize, and each database holds its own schema only."""
+    from participants.app import saga_app
+    from saga_tasks.persistence.tables import metadata
 
-    with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX) as iso:
-        url = iso.database_url
+    names = tuple(saga_app.participants)
+    with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX, participants=names) as iso:
         # Three deploy jobs at once, as separate processes (Alembic is not thread-safe).
         env = {**os.environ, **iso.env(SAGA_TASKS_APP="participants.app:saga_app")}
         jobs = [
@@ -131,35 +134,38 @@ def test_migrations_from_empty_twice_and_concurrently(template_database):
         ]
         outputs = [job.communicate(timeout=120)[0] for job in jobs]
         assert [job.returncode for job in jobs] == [0, 0, 0], outputs
-        assert all(
-            "saga_tasks at revision 0001\nparticipants at revision 0001" in out for out in outputs
+        expected = "saga_tasks at revision 0001\n" + "".join(
+            f"{n} at revision 0001 ({n})\n" for n in names
         )
-        heads = [("saga_tasks", "0001"), ("participants", "0001")]
-        assert upgrade(url, [MIGRATIONS]) == heads
-        assert current_revisions(url, [MIGRATIONS]) == heads
-        assert current_revision(url) == "0001"
-        engine = create_engine(url, poolclass=NullPool)
-        with engine.connect() as conn:
-            for version_table in ("saga.alembic_version", "example.alembic_version"):
-                assert conn.execute(text(f"SELECT count(*) FROM {version_table}")).scalar() == 1
-            tables = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_tables "
-                    "WHERE schemaname IN ('saga','orders','inventory','payments')"
-                )
-            ).scalar()
-        engine.dispose()
-        from participants.app import saga_app
-        from saga_tasks.persistence.tables import metadata
+        assert all(out.endswith(expected) for out in outputs), outputs
+        chain = {n: saga_app.participants[n].migrations for n in names}
+        assert upgrade(iso.database_url) == [("saga_tasks", "0001")]
+        assert current_revision(iso.database_url) == "0001"
 
-        declared = len(metadata.tables) + sum(
-            len(p.metadata.tables) for p in saga_app.participants.values()
-        )
-        assert tables == declared + 1  # and the saga schema's version table
+        def tables(url: str) -> dict[str, int]:
+            engine = create_engine(url, poolclass=NullPool)
+            with engine.connect() as conn:
+                found = conn.execute(
+                    text(
+                        "SELECT schemaname, count(*) FROM pg_tables "
+                        "WHERE schemaname NOT IN ('pg_catalog', 'information_schema') GROUP BY 1"
+                    )
+                )
+                counts = dict(found.all())
+            engine.dispose()
+            return counts
+
+        assert tables(iso.database_url) == {"saga": len(metadata.tables) + 1}
+        for n in names:
+            url = iso.participant_url(n)
+            assert current_revisions(url, [chain[n]], library=False) == [(n, "0001")]
+            assert upgrade(url, [chain[n]], library=False) == [(n, "0001")]
+            own = saga_app.participants[n].metadata.tables
+            assert tables(url) == {n: len(own) + 1}, "its own tables and version table only"
 
 
 def test_the_saga_schema_migrates_without_any_app(template_database):
-    from participants import MIGRATIONS
+    from participants.orders import participant as orders
     from saga_tasks.persistence.tables import metadata
 
     with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX) as iso:
@@ -191,14 +197,15 @@ def test_the_saga_schema_migrates_without_any_app(template_database):
             return counts
 
         assert schemas() == {"saga": len(metadata.tables) + 1}
-        assert current_revisions(url, [MIGRATIONS]) == [
+        assert current_revisions(url, [orders.migrations]) == [
             ("saga_tasks", "0001"),
-            ("participants", "none"),
+            ("orders", "none"),
         ]
-        assert "example" not in schemas()  # reading revisions created nothing
-        # The example's chain comes later, on top, with a version table of its own.
-        assert upgrade(url, [MIGRATIONS])[1] == ("participants", "0001")
-        assert set(schemas()) == {"saga", "example", "orders", "inventory", "payments"}
+        assert "orders" not in schemas()  # reading revisions created nothing
+        # A participant's chain can share the database (one database, a schema each),
+        # on top, with a version table of its own.
+        assert upgrade(url, [orders.migrations])[1] == ("orders", "0001")
+        assert set(schemas()) == {"saga", "orders"}
 
 
 def test_migrated_schema_matches_the_declared_tables(isolation):
@@ -239,12 +246,17 @@ def test_migrated_schema_matches_the_declared_tables(isolation):
 
 def test_a_participants_tables_come_from_the_library_as_it_declares_them(isolation):
     from saga_tasks import Participant
-    from saga_tasks.persistence.schema import create_participant_tables, drop_participant_tables
+    from saga_tasks.persistence.schema import (
+        create_participant_tables,
+        create_redelivery_table,
+        drop_participant_tables,
+    )
 
     greeter = Participant("greeter")
     engine = create_engine(isolation.database_url, poolclass=NullPool)
     with engine.begin() as conn:
         create_participant_tables(conn, greeter.schema)
+        create_redelivery_table(conn, greeter.schema)
     with engine.connect() as conn:
         context = MigrationContext.configure(
             conn,

@@ -136,3 +136,54 @@ def test_values_at_the_bounds_are_accepted(env):
 def test_overrides_are_checked_like_the_environment():
     with pytest.raises(ConfigurationError, match=r"SAGA_SWEEP_BATCH=0 .*at least 1"):
         Settings.from_env({}, sweep_batch=0)
+
+
+ORCH = "postgresql+psycopg2://u:pw@db:5432/saga"
+
+
+def test_participant_databases_one_url_a_template_or_named_entries():
+    alone = Settings.from_env({"SAGA_DATABASE_URL": ORCH})
+    assert alone.participant_database("inventory") == ORCH and not alone.participants_apart
+    own = Settings.from_env({"SAGA_PARTICIPANT_DATABASE_URL": "postgresql://u@h/inv"})
+    assert own.participant_database("inventory") == "postgresql://u@h/inv"
+    each = Settings.from_env(
+        {"SAGA_PARTICIPANT_DATABASE_URL": "postgresql://u@h/shop_{participant}"}
+    )
+    assert each.participant_database("payments") == "postgresql://u@h/shop_payments"
+    named = Settings.from_env(
+        {
+            "SAGA_PARTICIPANT_DATABASE_URL": "inventory=postgresql://i:Pa/ss#1@h/inv "
+            "*=postgresql://o@h/{participant}"
+        }
+    )
+    assert named.participant_database("inventory") == "postgresql://i:Pa/ss#1@h/inv"
+    assert named.participant_database("orders") == "postgresql://o@h/orders"
+    assert "Pa/ss" not in repr(named)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "inventory=postgresql://h/a inventory=postgresql://h/b",  # a name twice
+        "inventory=postgresql://h/a nonsense",  # an entry that is not name=URL
+        "not a url",
+    ],
+)
+def test_participant_databases_that_do_not_parse_are_refused(value):
+    with pytest.raises(ConfigurationError, match="SAGA_PARTICIPANT_DATABASE_URL"):
+        Settings.from_env({"SAGA_PARTICIPANT_DATABASE_URL": value})
+
+
+def test_a_participant_without_a_named_database_is_refused_not_sent_elsewhere():
+    named = Settings.from_env({"SAGA_PARTICIPANT_DATABASE_URL": "inventory=postgresql://h/inv"})
+    with pytest.raises(ConfigurationError, match="no database for participant 'orders'"):
+        named.participant_database("orders")
+
+
+def test_the_orchestrators_database_may_be_empty_only_in_a_participants_own_process():
+    with pytest.raises(ConfigurationError, match="SAGA_DATABASE_URL"):
+        Settings.from_env({"SAGA_DATABASE_URL": ""})
+    own = Settings.from_env(
+        {"SAGA_DATABASE_URL": "", "SAGA_PARTICIPANT_DATABASE_URL": "postgresql://u@h/inv"}
+    )
+    assert own.database_url == "" and own.participants_apart

@@ -35,7 +35,6 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-import participants
 from saga_tasks.config import Settings
 from saga_tasks.ops.processes import exit_on_sigterm
 from tools.bench.report import Result, build_report, print_report
@@ -125,20 +124,23 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
     os.environ.update(
         {
             "SAGA_DATABASE_URL": database_url,
+            # One database: what is measured is the saga's cost, not the server's
+            # connections to four databases.
+            "SAGA_PARTICIPANT_DATABASE_URL": "",
             "SAGA_BROKER_URL": broker_url,
             "SAGA_LOG_LEVEL": "WARNING",
         }
     )
-    from saga_tasks.ops.services import upgrade
-
-    upgrade(database_url, [participants.MIGRATIONS])
     from participants.app import saga_app
+    from saga_tasks.ops.services import upgrade_all
+
+    upgrade_all(saga_app, saga_app.settings)
     from participants.seed import seed
     from saga_tasks.messaging.topology import declare_topology
 
     declare_topology(broker_url, saga_app.topology)
     seed(
-        saga_app.engine,
+        saga_app.participant_engine,
         {f"sku-{i}": 10**9 for i in range(1, 11)},
         {"c-1": 2**31 - 1, "c-low": 1_000},
     )

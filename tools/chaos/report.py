@@ -23,7 +23,11 @@ OBSERVED_EVENTS = (
 )
 
 
-def observed(engine: Any) -> dict[str, int]:
+PARTICIPANT_SCHEMAS = ("orders", "inventory", "payments")
+"""The example's participants, each with its outbox in a database of its own."""
+
+
+def observed(engine: Any, engine_of: Any) -> dict[str, int]:
     """What the history and the outboxes show happened: re-sends, late and duplicate replies."""
     with engine.connect() as conn:
         rows = conn.execute(
@@ -35,10 +39,11 @@ def observed(engine: Any) -> dict[str, int]:
             text("SELECT holding, status, count(*) FROM saga.held_message GROUP BY 1, 2")
         ):
             found[f"held_{holding}_{status}"] = int(n)
-        found["outbox_rows_recovered"] = sum(
-            int(conn.execute(text(f"SELECT count(*) FROM {s}.outbox WHERE recovered")).scalar_one())  # noqa: S608
-            for s in ("saga", "orders", "inventory", "payments")
-        )
+    found["outbox_rows_recovered"] = 0
+    for schema, db in [("saga", engine), *((s, engine_of(s)) for s in PARTICIPANT_SCHEMAS)]:
+        with db.connect() as conn:
+            sql = f"SELECT count(*) FROM {schema}.outbox WHERE recovered"  # noqa: S608
+            found["outbox_rows_recovered"] += int(conn.execute(text(sql)).scalar_one())
     return found
 
 

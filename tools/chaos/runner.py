@@ -49,10 +49,10 @@ from typing import Any
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
-import participants
 from saga_tasks.config import Settings
 from saga_tasks.ops.processes import Supervisor, WorkerProcess, exit_on_sigterm, wait_for
 from tools.chaos.checks import (
+    PARTICIPANTS,
     check_invariants,
     evidence,
     lost_messages,
@@ -178,13 +178,16 @@ def payload_for(
 
 def run(args: Any) -> int:
     from saga_tasks.ops.isolation import Isolation
-    from saga_tasks.ops.services import upgrade
 
     base = Settings.from_env()
     isolation = (
         None
         if args.here
-        else Isolation(admin_database_url=_admin_url(base.database_url), prefix=args.prefix)
+        else Isolation(
+            admin_database_url=_admin_url(base.database_url),
+            prefix=args.prefix,
+            participants=tuple(p.name for p in PARTICIPANTS),  # a database each
+        )
     )
     with exit_on_sigterm():
         if isolation is not None:
@@ -192,7 +195,10 @@ def run(args: Any) -> int:
         try:
             database_url = isolation.database_url if isolation else base.database_url
             broker_url = isolation.broker_url if isolation else base.broker_url
-            return _run(args, database_url, broker_url, upgrade)
+            participant_url = (
+                isolation.participant_database_url if isolation else base.participant_database_url
+            )
+            return _run(args, database_url, participant_url, broker_url)
         finally:
             if isolation is not None and not args.keep:
                 isolation.__exit__(None, None, None)
@@ -204,9 +210,12 @@ def _admin_url(database_url: str) -> str:
     return make_url(database_url).set(database="postgres").render_as_string(hide_password=False)
 
 
-def _settings_env(args: Any, database_url: str, broker_url: str) -> dict[str, str]:
+def _settings_env(
+    args: Any, database_url: str, participant_url: str, broker_url: str
+) -> dict[str, str]:
     env = {
         "SAGA_DATABASE_URL": database_url,
+        "SAGA_PARTICIPANT_DATABASE_URL": participant_url,
         "SAGA_BROKER_URL": broker_url,
         "SAGA_TASKS_DEMO_FAULTS": "1",
         "ORDER_SAGA_TIME_SCALE": str(args.time_scale),
@@ -225,12 +234,14 @@ def _settings_env(args: Any, database_url: str, broker_url: str) -> dict[str, st
     return env
 
 
-def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
-    os.environ.update(_settings_env(args, database_url, broker_url))
-    upgrade(database_url, [participants.MIGRATIONS])
+def _run(args: Any, database_url: str, participant_url: str, broker_url: str) -> int:
+    os.environ.update(_settings_env(args, database_url, participant_url, broker_url))
     from participants.app import saga_app
     from participants.seed import seed
     from saga_tasks.messaging.topology import declare_topology
+    from saga_tasks.ops.services import upgrade_all
+
+    upgrade_all(saga_app, saga_app.settings)  # the saga database, then each participant's
 
     started_at = time.monotonic()
 
@@ -239,9 +250,11 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
             print(f"{time.monotonic() - started_at:7.1f}s  {line}", flush=True)
 
     declare_topology(broker_url, saga_app.topology)
-    seed(saga_app.engine, *_stock_and_credit(args.sagas))
+    seed(saga_app.participant_engine, *_stock_and_credit(args.sagas))
     # The run's own reads: a fresh connection each, so a database restart costs one try.
-    probe = create_engine(database_url, poolclass=NullPool, connect_args={"connect_timeout": 3})
+    probe = _probe(database_url)
+    probes = {p.name: _probe(saga_app.settings.participant_database(p.name)) for p in PARTICIPANTS}
+    probe_of = probes.__getitem__
     log_dir = Path(args.log_dir)
     injected = Injected()
 
@@ -334,7 +347,10 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         # Settle: no more kills; let recovery, sweeps, late replies and the intake finish.
         with contextlib.suppress(AssertionError):
             wait_for(
-                lambda: waiting() == 0 and _retrying(lambda: _unpublished(probe, saga_app)) == 0,
+                lambda: (
+                    waiting() == 0
+                    and _retrying(lambda: _unpublished(probe, probe_of, saga_app)) == 0
+                ),
                 timeout=90,
                 interval=0.5,
             )
@@ -349,9 +365,9 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
 
         forget_beat_state(saga_app.settings)
     say("checking")
-    violations, statuses = check_invariants(probe)
+    violations, statuses = check_invariants(probe, probe_of)
     violations += monitor.violations()
-    violations += lost_messages(probe)
+    violations += lost_messages(probe, probe_of)
     violations += operator_accounting(probe, operator.done)
     violations += [f"{n} messages left in queue {q}" for q, n in queues_left.items() if n]
     harness_errors = outages.errors()
@@ -371,7 +387,7 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         "found": {
             "statuses": statuses,
             "manual_review_reasons": review_reasons(probe),
-            "events": observed(probe),
+            "events": observed(probe, probe_of),
             "monitor": monitor.report(),
         },
         "violations": violations,
@@ -382,7 +398,8 @@ def _run(args: Any, database_url: str, broker_url: str, upgrade: Any) -> int:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         print(report_text(report))
-    probe.dispose()
+    for engine in (probe, *probes.values()):
+        engine.dispose()
     saga_app.close()
     from saga_tasks.persistence.db import dispose_all
 
@@ -445,12 +462,20 @@ def _start_with_retry(app: Any, key: str, payload: dict[str, Any]) -> None:
             time.sleep(0.5)
 
 
-def _unpublished(engine: Any, app: Any) -> int:
-    with engine.connect() as conn:
-        return sum(
-            int(conn.execute(select(func.count()).where(t.c.published_at.is_(None))).scalar_one())
-            for t in app.outbox_tables()
-        )
+def _probe(url: str) -> Any:
+    return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 3})
+
+
+def _unpublished(engine: Any, engine_of: Any, app: Any) -> int:
+    """Rows left unpublished in every outbox, each read in its own database."""
+    owners = {p.outbox.schema: p.name for p in app.participants.values()}
+    left = 0
+    for table in app.outbox_tables():
+        owner = owners.get(table.schema)
+        with (engine if owner is None else engine_of(owner)).connect() as conn:
+            query = select(func.count()).where(table.c.published_at.is_(None))
+            left += int(conn.execute(query).scalar_one())
+    return left
 
 
 def _drain(broker_url: str, app: Any, timeout: float = 60.0) -> dict[str, int]:

@@ -28,44 +28,45 @@ def db() -> None:
 
 
 @db.command("upgrade")
-@click.option("--create/--no-create", default=True, help="Create the database if it is missing.")
+@click.option("--create/--no-create", default=True, help="Create each database if it is missing.")
+@click.option(
+    "--only",
+    "only",
+    multiple=True,
+    metavar="TARGET",
+    help="Migrate only 'saga' (the orchestrator's database) or the participant of this name "
+    "(its own database); repeatable. Default: all of them.",
+)
 @click.pass_obj
-def db_upgrade(obj: Context, create: bool) -> None:
-    """Apply every migration: the saga schema's, then the app's (safe to run again, and
+def db_upgrade(obj: Context, create: bool, only: tuple[str, ...]) -> None:
+    """Apply every migration: the saga schema's and the app's chains in the orchestrator's
+    database, then each participant's chain in its own database (safe to run again, and
     concurrently). Without --app or SAGA_TASKS_APP, the saga schema's only."""
     from saga_tasks.ops import services
 
-    url, migrations = _migration_target(obj)
+    app = obj.app() if obj.app_spec else None
     with errors():
-        if create and services.ensure_database(url):
-            click.echo("created the database")
-        revisions = services.upgrade(url, migrations)
-    for name, revision in revisions:
-        click.echo(f"{name} at revision {revision}")
-    if not obj.app_spec:
+        done = services.upgrade_all(app, obj.settings, only, create=create, say=click.echo)
+    for target, chain, revision in done:
+        click.echo(f"{chain} at revision {revision}" + ("" if target == "saga" else f" ({target})"))
+    if app is None:
         click.echo("no app named (--app or SAGA_TASKS_APP): the saga schema only", err=True)
 
 
 @db.command("current")
+@click.option("--only", "only", multiple=True, metavar="TARGET", help="As for db upgrade.")
 @click.pass_obj
-def db_current(obj: Context) -> None:
-    """Print each chain's revision: the saga schema's, then the app's."""
+def db_current(obj: Context, only: tuple[str, ...]) -> None:
+    """Print each chain's revision: the saga schema's, the app's, each participant's."""
     from saga_tasks.ops import services
 
-    url, migrations = _migration_target(obj)
+    app = obj.app() if obj.app_spec else None
     with errors():
-        revisions = services.current_revisions(url, migrations)
-    for name, revision in revisions:
-        click.echo(f"{name} {revision}")
-
-
-def _migration_target(obj: Context) -> tuple[str, tuple[str, ...]]:
-    """The database and the app's chains; an app only when one is named explicitly, so
-    that the saga schema can be migrated where no app is installed yet."""
-    if not obj.app_spec:
-        return obj.settings.database_url, ()
-    app = obj.app()
-    return app.settings.database_url, tuple(app.migrations)
+        for target in services.targets(app, obj.settings, only):
+            for chain, revision in services.current_revisions(
+                target.url, target.chains, library=target.library
+            ):
+                click.echo(f"{chain} {revision}")
 
 
 @click.group()
