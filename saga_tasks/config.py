@@ -145,6 +145,12 @@ class Settings:
         "",
         "actor:token pairs, comma-separated, for operator actions over HTTP; never logged.",
     )
+    redact_fields: str = _env(
+        "SAGA_REDACT_FIELDS",
+        "password,secret,token,authorization,api_key,card,cvv,iban,email,phone,address",
+        "Field names whose values the HTTP API masks in held messages, comma-separated; a "
+        "key matches when these words appear in it (any case, _ - or camelCase).",
+    )
     api_base_url: str = _env(
         "SAGA_API_BASE_URL",
         "",
