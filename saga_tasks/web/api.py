@@ -43,6 +43,7 @@ from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
 from saga_tasks.web.auth import OPERATE, READ, START, Caller, Forbidden, Gate, Unauthorized
 from saga_tasks.web.dashboard import mount
+from saga_tasks.web.docs import mount_docs
 from saga_tasks.web.gauges import StateCollector
 from saga_tasks.web.limits import AccessLog, BodyLimit
 from saga_tasks.web.redact import field_names, held_view
@@ -246,6 +247,8 @@ def build(app: SagaApp) -> FastAPI:
         "operation but /healthz and /metrics needs a bearer token with its scope: read, "
         "operate or start.",
         responses=PROBLEMS,
+        docs_url=None,  # served by mount_docs from the package, not from a CDN
+        redoc_url=None,
     )
     tokens = app.settings.tokens()
     web.add_middleware(BodyLimit, limit=app.settings.api_max_body)
@@ -486,4 +489,5 @@ def build(app: SagaApp) -> FastAPI:
         return held_for(caller, held_show(app, held_id))
 
     mount(web, app)
+    mount_docs(web)
     return web

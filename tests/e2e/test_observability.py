@@ -332,3 +332,28 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
         s=done.saga_id,
     )
     assert [(h["event"], h["actor"]) for h in by_operators] == [("operator_discard", "ana")]
+
+
+def test_api_docs_render_from_this_origin_only(served, tmp_path):
+    """Swagger UI draws every operation from the package's assets: no request leaves the
+    origin and the page's CSP blocks nothing it needs."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = chromium(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        requested: list[str] = []
+        complaints: list[str] = []
+        page.on("request", lambda request: requested.append(request.url))
+        page.on(
+            "console",
+            lambda message: complaints.append(message.text) if message.type == "error" else None,
+        )
+        page.goto(served + "/docs")
+        expect(page.locator(".opblock-summary-path").first).to_be_visible(timeout=10_000)
+        expect(page.locator(".opblock-summary-path", has_text="/held/{held_id}")).to_have_count(2)
+        expect(page.locator("button.authorize")).to_be_visible()
+        page.screenshot(path=str(tmp_path / "docs.png"), full_page=True)
+        browser.close()
+    assert requested and all(url.startswith(served + "/") for url in requested), requested
+    assert complaints == [], complaints

@@ -4,7 +4,10 @@ actions and starts refused without their scope and changing nothing."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -247,3 +250,24 @@ def test_public_read_lets_reads_through_without_a_token_still_redacted(scoped, o
         assert client.post(f"/sagas/{handle.saga_id}/compensate", json=action).status_code == 401
         assert start(client, "pr-1", {}).status_code == 401
         assert client.post(f"/held/{held_id}/discard", json={"reason": "r"}).status_code == 401
+
+
+def test_docs_are_served_from_the_package_under_a_strict_csp(scoped):
+    with scoped() as client:
+        docs = client.get("/docs")
+        assert docs.status_code == 200
+        sources = re.findall(r'(?:src|href)="([^"]+)"', docs.text)
+        assert sources and all(s.startswith("/docs/assets/") for s in sources), sources
+        csp = docs.headers["content-security-policy"]
+        inline = re.findall(r"<script>(.*?)</script>", docs.text, re.S)
+        assert len(inline) == 1
+        digest = base64.b64encode(hashlib.sha256(inline[0].encode()).digest()).decode()
+        assert f"script-src 'self' 'sha256-{digest}';" in csp
+        assert "http" not in csp and "unsafe" not in csp
+        for name, kind in (("swagger-ui-bundle.js", "javascript"), ("swagger-ui.css", "css")):
+            asset = client.get(f"/docs/assets/{name}")
+            assert asset.status_code == 200 and kind in asset.headers["content-type"]
+        for path in ("/docs/assets/index.html", "/docs/assets/swagger-initializer.js", "/redoc"):
+            assert client.get(path).status_code == 404, path
+        spec = client.get("/openapi.json").json()
+        assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
