@@ -61,10 +61,11 @@ def mount(web: FastAPI, app: SagaApp) -> None:
     web.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        headers = PAGE_HEADERS
+        if status_code == 401:  # a 401 names the scheme it wants (RFC 9110)
+            headers = {**PAGE_HEADERS, "WWW-Authenticate": 'Bearer realm="saga_tasks"'}
         return HTMLResponse(
-            _env.get_template(name).render(**context),
-            status_code=status_code,
-            headers=PAGE_HEADERS,
+            _env.get_template(name).render(**context), status_code=status_code, headers=headers
         )
 
     def refused(request: Request) -> HTMLResponse | None:

@@ -119,6 +119,7 @@ def test_dashboard_pages_send_a_strict_csp_and_refuse_framing(server, order_app)
         assert "<script>" not in body, f"{path}: an inline script the CSP would block"
         if expected == 401:
             assert 'id="locked"' in body and "csp-1" not in body, path
+            assert response.getheader("WWW-Authenticate") == 'Bearer realm="saga_tasks"'
 
 
 def _client(order_app, settings, **changes):
