@@ -26,6 +26,10 @@ lease once per tick, so it must outlive one sleep plus the tick's own work (Redi
 trips, publishing the due tasks with confirms); a lease that lapses makes the next renewal
 raise ``LockNotOwnedError``, which stops beat, and no timeout or recovery runs after it."""
 
+API_SCOPES = frozenset({"read", "operate", "start"})
+"""What an HTTP API token may do: read sagas and held messages, operate on them, start
+sagas. None implies another; an entry of ``SAGA_API_TOKENS`` that names none has all."""
+
 BEAT_MIN_SLEEP = 1.0
 """Floor of beat's longest sleep between ticks (``beat_max_loop_interval``): sub-second
 intervals still tick about once a second, instead of spinning."""
@@ -154,7 +158,20 @@ class Settings:
     api_tokens: str = _env(
         "SAGA_API_TOKENS",
         "",
-        "actor:token pairs, comma-separated, for operator actions over HTTP; never logged.",
+        "HTTP API tokens, comma-separated actor:token:scopes entries, scopes joined by + "
+        "(read, operate, start); actor:token alone has all three. Never logged.",
+    )
+    api_public_read: bool = _env(
+        "SAGA_API_PUBLIC_READ",
+        False,
+        "1 lets HTTP reads through without a token, redacted as for the read scope: only on "
+        "a private network.",
+    )
+    redact_fields: str = _env(
+        "SAGA_REDACT_FIELDS",
+        "password,secret,token,authorization,api_key,card,cvv,iban,email,phone,address",
+        "Field names whose values the HTTP API masks in held messages, comma-separated; a "
+        "key matches when these words appear in it (any case, _ - or camelCase).",
     )
     api_base_url: str = _env(
         "SAGA_API_BASE_URL",
@@ -385,16 +402,25 @@ class Settings:
         """True when participants have databases of their own (not the orchestrator's)."""
         return bool(self._participant_urls())
 
-    def tokens(self) -> dict[str, str]:
-        """``SAGA_API_TOKENS`` as token -> actor."""
-        found: dict[str, str] = {}
-        for pair in filter(None, (p.strip() for p in self.api_tokens.split(","))):
-            actor, sep, token = pair.partition(":")
-            if not sep or not actor.strip() or len(token.strip()) < 16:
+    def tokens(self) -> dict[str, tuple[str, frozenset[str]]]:
+        """``SAGA_API_TOKENS`` as token -> (actor, scopes). Errors name the actor, never
+        the token (a token cannot contain ``:``; part of one may sit where scopes go)."""
+        found: dict[str, tuple[str, frozenset[str]]] = {}
+        for entry in filter(None, (p.strip() for p in self.api_tokens.split(","))):
+            actor, sep, rest = (part.strip() for part in entry.partition(":"))
+            token, has_scopes, named = (part.strip() for part in rest.partition(":"))
+            if not sep or not actor or len(token) < 16:
                 raise ConfigurationError(
-                    "SAGA_API_TOKENS: actor:token pairs, each token at least 16 characters"
+                    "SAGA_API_TOKENS: actor:token[:scope+scope] entries, each token at least "
+                    "16 characters"
                 )
-            found[token.strip()] = actor.strip()
+            scopes = frozenset(s.strip() for s in named.split("+")) if has_scopes else API_SCOPES
+            if not scopes <= API_SCOPES:
+                raise ConfigurationError(
+                    f"SAGA_API_TOKENS: the entry of {actor!r} names a scope other than read, "
+                    "operate and start (joined by +; a token cannot contain ':')"
+                )
+            found[token] = (actor, scopes)
         return found
 
     def __repr__(self) -> str:

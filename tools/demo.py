@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("SAGA_SAMPLE_INTERVAL", "5")  # the dashboard's history fills quickly
     token = None
     if not os.environ.get("SAGA_API_TOKENS"):
-        # A token for this run only, so the dashboard's operator buttons work.
+        # A token for this run only (every scope), so the dashboard reads and its buttons work.
         token = secrets.token_urlsafe(18)
         os.environ["SAGA_API_TOKENS"] = f"demo:{token}"
     settings = Settings.from_env()
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         dashboard = f"http://{args.flower_address}:{WEB_PORT}"
         print(f"Dashboard: {dashboard}  (sagas, timelines, dead letters)")
         if token:
-            print(f"           operator token for this run (paste it top right): {token}")
+            print(f"           token for this run (paste it top right): {token}")
         print(
             f"Metrics:   {dashboard}/metrics (state) and "
             f"http://127.0.0.1:{ORCHESTRATOR_METRICS_PORT}/metrics (the orchestrator's counters)"

@@ -2,9 +2,10 @@
 
     saga-tasks web [--host 127.0.0.1] [--port 8000]
 
-Errors are ``application/problem+json`` (RFC 9457). Operator actions need
-``Authorization: Bearer <token>``; the token names the actor written to the saga's
-history (``SAGA_API_TOKENS``). The operator functions are those of the CLI.
+Errors are ``application/problem+json`` (RFC 9457). Everything but ``/healthz`` and
+``/metrics`` needs ``Authorization: Bearer <token>`` with a scope (read, operate, start;
+``SAGA_API_TOKENS``, ``SAGA_API_PUBLIC_READ``); the token names the actor written to the
+saga's history. The operator functions are those of the CLI.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
-"""JSON routes, problem+json errors, bearer-token actors."""
+"""JSON routes, problem+json errors, bearer tokens with scopes."""
 
 from __future__ import annotations
 
 import logging
-import secrets
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -40,9 +41,12 @@ from saga_tasks.ops.views import held_list, held_show, list_view, saga_view
 from saga_tasks.ops.views import stuck as find_stuck
 from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
+from saga_tasks.web.auth import OPERATE, READ, START, Caller, Forbidden, Gate, Unauthorized
 from saga_tasks.web.dashboard import mount
+from saga_tasks.web.docs import mount_docs
 from saga_tasks.web.gauges import StateCollector
 from saga_tasks.web.limits import AccessLog, BodyLimit
+from saga_tasks.web.redact import field_names, held_view
 
 log = logging.getLogger("saga_tasks.web")
 
@@ -67,7 +71,14 @@ def problem_response(p: Problem, instance: str | None = None) -> JSONResponse:
     if instance:
         body["instance"] = instance
     body.update(p.extra)
-    headers = {"WWW-Authenticate": 'Bearer realm="saga_tasks"'} if p.status == 401 else None
+    headers = None
+    if p.status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="saga_tasks"'}
+    elif p.status == 403 and "missing_scope" in p.extra:  # RFC 6750, section 3
+        headers = {
+            "WWW-Authenticate": 'Bearer realm="saga_tasks", error="insufficient_scope", '
+            f'scope="{p.extra["missing_scope"]}"'
+        }
     return JSONResponse(body, status_code=p.status, media_type=PROBLEM, headers=headers)
 
 
@@ -149,6 +160,7 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
     for code, title in (
         (400, "Bad request"),
         (401, "Missing or unknown bearer token"),
+        (403, "The token lacks the scope this operation needs"),
         (404, "Not found"),
         (409, "Conflict with the saga's state or version"),
         (422, "Invalid input"),
@@ -204,36 +216,66 @@ def start_once(
     return stored, False
 
 
-def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
-    """The operator a bearer token names (``SAGA_API_TOKENS``); 401 for anything else."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise Problem(
-            401, "unauthorized", "Unauthorized", "an operator action needs a bearer token"
-        )
-    tokens: dict[str, str] = request.app.state.tokens
-    for known, name in tokens.items():
-        if secrets.compare_digest(known.encode(), token.strip().encode()):
-            return name
-    raise Problem(401, "unauthorized", "Unauthorized", "unknown token")
+BEARER = HTTPBearer(auto_error=False, description="A token of SAGA_API_TOKENS")
+
+
+def needs(scope: str) -> Callable[..., Caller]:
+    """A dependency: the caller, if its token (or public read) grants ``scope``."""
+
+    def caller(
+        request: Request,
+        # Declared for the OpenAPI document (the Authorize button of /docs); the gate
+        # reads the header itself, so a non-bearer scheme is answered like no token.
+        _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
+    ) -> Caller:
+        gate: Gate = request.app.state.gate
+        return gate.require(request.headers.get("authorization"), scope)
+
+    return caller
+
+
+Reader = Annotated[Caller, Depends(needs(READ))]
+Operator = Annotated[Caller, Depends(needs(OPERATE))]
+Starter = Annotated[Caller, Depends(needs(START))]
 
 
 def build(app: SagaApp) -> FastAPI:
     web = FastAPI(
         title="saga_tasks",
         version="1",
-        description="Start sagas, read them, and act on them as an operator.",
+        description="Start sagas, read them, and act on them as an operator. Every "
+        "operation but /healthz and /metrics needs a bearer token with its scope: read, "
+        "operate or start.",
         responses=PROBLEMS,
+        docs_url=None,  # served by mount_docs from the package, not from a CDN
+        redoc_url=None,
     )
+    tokens = app.settings.tokens()
     web.add_middleware(BodyLimit, limit=app.settings.api_max_body)
-    web.add_middleware(AccessLog, tokens=app.settings.tokens())
+    web.add_middleware(AccessLog, tokens={t: actor for t, (actor, _) in tokens.items()})
     web.state.saga_app = app
-    web.state.tokens = app.settings.tokens()
+    web.state.gate = Gate(tokens, public_read=app.settings.api_public_read)
+    redacted = field_names(app.settings.redact_fields)
+
+    def held_for(caller: Caller, view: dict[str, Any]) -> dict[str, Any]:
+        return held_view(view, body_shown=OPERATE in caller.scopes, names=redacted)
+
     saga_types = sorted({d.saga_type for d in app.registry})
 
     @web.exception_handler(Problem)
     async def on_problem(request: Request, exc: Problem) -> JSONResponse:
         return problem_response(exc, request.url.path)
+
+    @web.exception_handler(Unauthorized)
+    async def on_unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:
+        return problem_response(
+            Problem(401, "unauthorized", "Unauthorized", str(exc)), request.url.path
+        )
+
+    @web.exception_handler(Forbidden)
+    async def on_forbidden(request: Request, exc: Forbidden) -> JSONResponse:
+        problem = Problem(403, "forbidden", "Forbidden", str(exc), missing_scope=exc.scope)
+        return problem_response(problem, request.url.path)
 
     @web.exception_handler(SagaTasksError)
     async def on_saga_error(request: Request, exc: SagaTasksError) -> JSONResponse:
@@ -285,6 +327,7 @@ def build(app: SagaApp) -> FastAPI:
     def start(
         request: Request,
         body: StartRequest,
+        _caller: Starter,
         idempotency_key: Annotated[str, Header(min_length=1, max_length=200)],
         traceparent: Annotated[str | None, Header(max_length=100)] = None,
         # A default, not an annotation: the enum is this app's saga types.
@@ -323,12 +366,13 @@ def build(app: SagaApp) -> FastAPI:
         )
 
     @web.get("/sagas/{saga_id}", tags=["sagas"], name="get_saga")
-    def get_saga(saga_id: Annotated[str, Path(max_length=100)]) -> dict[str, Any]:
-        """One saga: status, steps, history, held messages."""
+    def get_saga(saga_id: Annotated[str, Path(max_length=100)], _caller: Reader) -> dict[str, Any]:
+        """One saga: status, steps, history, held messages (never a payload or result)."""
         return saga_view(app, saga_id)
 
     @web.get("/sagas", tags=["sagas"])
     def list_sagas(
+        _caller: Reader,
         status: SagaStatus | None = None,
         saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
         business_key: Annotated[str | None, Query(max_length=200)] = None,
@@ -362,9 +406,10 @@ def build(app: SagaApp) -> FastAPI:
         saga_id: Annotated[str, Path(max_length=100)],
         action: Action,
         body: ActionRequest,
-        who: Annotated[str, Depends(actor)],
+        caller: Operator,
     ) -> dict[str, Any]:
-        """An operator action, audited with the token's actor."""
+        """An operator action, audited with the token's actor; answers the saga as it
+        is after it (a read scope is not needed for what one just changed)."""
         if action in ("retry-step", "skip-step") and not body.step:
             raise Problem(422, "invalid-request", "Invalid request", f"{action} needs a step")
         if action == "resolve" and not body.status:
@@ -373,7 +418,7 @@ def build(app: SagaApp) -> FastAPI:
             app,
             saga_id,
             action.replace("-", "_"),
-            actor=who,
+            actor=caller.name,
             reason=body.reason,
             expect_version=body.expect_version,
             step=body.step,
@@ -384,13 +429,13 @@ def build(app: SagaApp) -> FastAPI:
 
     @web.get("/held", tags=["held messages"])
     def held_messages(
+        _caller: Reader,
         holding: Literal["dead_letter", "parking"] = "dead_letter",
         status: Literal["pending", "replayed", "discarded", "all"] = "pending",
         saga_id: Annotated[str | None, Query(max_length=100)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     ) -> dict[str, Any]:
-        """Messages taken off the dead-letter queue or the parking lot."""
-
+        """Messages taken off the dead-letter queue or the parking lot (no bodies)."""
         if saga_id is not None:
             try:
                 saga_id = str(uuid.UUID(saga_id))
@@ -403,10 +448,13 @@ def build(app: SagaApp) -> FastAPI:
         )
 
     @web.get("/held/{held_id}", tags=["held messages"])
-    def held_message(held_id: Annotated[int, Path(ge=1, le=2**62)]) -> dict[str, Any]:
-        """One held message, with the checks a replay would run now."""
+    def held_message(
+        held_id: Annotated[int, Path(ge=1, le=2**62)], caller: Reader
+    ) -> dict[str, Any]:
+        """One held message, with the checks a replay would run now. Its body and headers
+        only for the operate scope, with the fields of SAGA_REDACT_FIELDS masked."""
         try:
-            return held_show(app, held_id)
+            return held_for(caller, held_show(app, held_id))
         except InputError as exc:
             raise Problem(404, "held-message-not-found", "No such held message", str(exc)) from exc
 
@@ -415,21 +463,21 @@ def build(app: SagaApp) -> FastAPI:
         held_id: Annotated[int, Path(ge=1, le=2**62)],
         verb: Literal["replay", "discard"],
         body: HeldActionRequest,
-        who: Annotated[str, Depends(actor)],
+        caller: Operator,
     ) -> dict[str, Any]:
         """Replay (after its checks) or discard a held message, audited with the token's actor."""
         try:
             if verb == "replay":
                 app.replayer.replay(
                     held_id,
-                    actor=who,
+                    actor=caller.name,
                     reason=body.reason,
                     force=body.force,
                     force_reason=body.force_reason,
                     expect_version=body.expect_version,
                 )
             else:
-                app.replayer.discard(held_id, actor=who, reason=body.reason)
+                app.replayer.discard(held_id, actor=caller.name, reason=body.reason)
         except ActionRefused:
             raise
         except InputError as exc:
@@ -438,7 +486,8 @@ def build(app: SagaApp) -> FastAPI:
                     404, "held-message-not-found", "No such held message", str(exc)
                 ) from exc
             raise
-        return held_show(app, held_id)
+        return held_for(caller, held_show(app, held_id))
 
     mount(web, app)
+    mount_docs(web)
     return web

@@ -4,8 +4,10 @@ Lists are bounded and indexed (status and creation time, business key, held
 messages pending); the counts over time come from beat's samples, not the saga
 table. The status tiles count the table live, so they are exact the moment an
 operator acts; that one query grows with the table (measured: README, Performance).
-Operator buttons call the JSON API with the bearer token the operator typed, kept
-in the browser's local storage only.
+Reading the pages needs a token with the read scope, like the JSON API: without one a
+page answers 401 with a shell that holds no data, and its script fetches the page again
+with the token the person typed (kept in the tab's session storage, gone with the tab)
+and shows what comes back. Operator buttons call the JSON API with the same token.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from saga_tasks.ops.views import list_view, saga_view, stuck
 from saga_tasks.persistence import samples
 from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
+from saga_tasks.web.auth import READ, Forbidden, Gate, Unauthorized
 
 HERE = Path(__file__).parent
 STATUS_ORDER = [s.value for s in SagaStatus]
@@ -48,22 +51,44 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
+    # The same URL answers a shell or a page with data, by the Authorization header.
+    "Cache-Control": "no-store",
+    "Vary": "Authorization",
 }
 
 
 def mount(web: FastAPI, app: SagaApp) -> None:
     web.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
-    def page(name: str, **context: Any) -> HTMLResponse:
-        return HTMLResponse(_env.get_template(name).render(**context), headers=PAGE_HEADERS)
+    def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        headers = PAGE_HEADERS
+        if status_code == 401:  # a 401 names the scheme it wants (RFC 9110)
+            headers = {**PAGE_HEADERS, "WWW-Authenticate": 'Bearer realm="saga_tasks"'}
+        return HTMLResponse(
+            _env.get_template(name).render(**context), status_code=status_code, headers=headers
+        )
+
+    def refused(request: Request) -> HTMLResponse | None:
+        """The shell without data, saying why, unless the request may read."""
+        gate: Gate = request.app.state.gate
+        try:
+            gate.require(request.headers.get("authorization"), READ)
+        except Unauthorized as exc:
+            return page("locked.html", 401, why=str(exc))
+        except Forbidden as exc:
+            return page("locked.html", 403, why=str(exc))
+        return None
 
     @web.get("/", response_class=HTMLResponse, include_in_schema=False)
     def overview(
+        request: Request,
         status: SagaStatus | None = None,
         saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
         business_key: Annotated[str | None, Query(max_length=200)] = None,
         hours: Annotated[int, Query(ge=1, le=168)] = 6,
     ) -> HTMLResponse:
+        if (shell := refused(request)) is not None:
+            return shell
         known_type = saga_type if saga_type in {d.saga_type for d in app.registry} else None
         recent = list_view(
             app, status=status, saga_type=known_type, business_key=business_key or None, limit=50
@@ -88,18 +113,20 @@ def mount(web: FastAPI, app: SagaApp) -> None:
 
     @web.get("/ui/sagas/{saga_id}", response_class=HTMLResponse, include_in_schema=False)
     def saga_page(request: Request, saga_id: str) -> HTMLResponse:
+        if (shell := refused(request)) is not None:
+            return shell
         try:
             view = saga_view(app, saga_id)
         except SagaNotFound as exc:
-            return HTMLResponse(
-                _env.get_template("missing.html").render(what=str(exc)),
-                status_code=404,
-                headers=PAGE_HEADERS,
-            )
+            return page("missing.html", 404, what=str(exc))
         return page("saga.html", saga=view, timeline=_timeline(view), statuses=STATUS_ORDER)
 
     @web.get("/ui/held", response_class=HTMLResponse, include_in_schema=False)
-    def held_page(holding: str = "dead_letter", status: str = "pending") -> HTMLResponse:
+    def held_page(
+        request: Request, holding: str = "dead_letter", status: str = "pending"
+    ) -> HTMLResponse:
+        if (shell := refused(request)) is not None:
+            return shell
         holding = holding if holding in ("dead_letter", "parking") else "dead_letter"
         status = status if status in ("pending", "replayed", "discarded", "all") else "pending"
         with translated(app.settings.database_url), app.engine.connect() as conn:

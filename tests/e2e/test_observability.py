@@ -217,6 +217,20 @@ def served(order_app):
     thread.join(timeout=10)
 
 
+def chromium(playwright):
+    return playwright.chromium.launch(
+        executable_path="/usr/bin/chromium",
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+    )
+
+
 def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -253,28 +267,23 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
         )
     assert order_app.intake.take(DEAD_LETTER).taken == 1
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
+        browser = chromium(p)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        # Without a token the page is a shell with no data; the token brings the data in.
         page.goto(served + "/")
+        expect(page.locator("#locked")).to_contain_text("needs a bearer token")
+        expect(page.locator("#token")).to_be_focused()
+        expect(page.locator("#recent")).to_have_count(0)
+        page.screenshot(path=str(tmp_path / "locked.png"))
+        page.fill("#token", ANA_TOKEN)
+        page.dispatch_event("#token", "change")
         expect(page.locator('.tile[data-status="MANUAL_REVIEW"] .n')).to_have_text("1")
         expect(page.locator("#recent")).to_contain_text("ui-review")
         expect(page.locator("#recent")).to_contain_text("ui-ok")
         page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
         page.locator("#recent a", has_text=review.saga_id[:8]).click()
-        expect(page.locator("#status")).to_have_text("MANUAL_REVIEW")
+        expect(page.locator("#status")).to_have_text("MANUAL_REVIEW")  # the tab kept the token
         expect(page.locator("svg.timeline rect.span")).to_have_count(2)
-        page.fill("#token", ANA_TOKEN)
-        page.dispatch_event("#token", "change")
         page.fill("#reason", "checked with the warehouse")
         page.select_option("#resolution", "FAILED")
         page.click('button[data-action="resolve"]')
@@ -289,13 +298,15 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
         page.fill("#reason", "should not work")
         page.click('button[data-action="compensate"]')
         expect(page.locator("#result")).to_contain_text("Unauthorized")
-        # The held page: the dead letter next to its saga; discarded with the right token.
+        # The held page: the wrong token reads nothing; with the right one, the dead letter
+        # next to its saga, discarded.
         page.goto(served + "/ui/held")
+        expect(page.locator("#locked-why")).to_have_text("unknown token")
+        page.fill("#token", ANA_TOKEN)
+        page.dispatch_event("#token", "change")
         row = page.locator("#held tbody tr", has_text="inventory.reserve")
         expect(row).to_contain_text(done.saga_id[:8])
         expect(row.locator(".pill")).to_have_text("RUNNING")
-        page.fill("#token", ANA_TOKEN)
-        page.dispatch_event("#token", "change")
         page.fill("#reason", "a test message, not a real command")
         row.locator('button[data-verb="discard"]').click()
         expect(page.locator("#held")).to_contain_text("Nothing held.", timeout=10_000)
@@ -321,3 +332,28 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
         s=done.saga_id,
     )
     assert [(h["event"], h["actor"]) for h in by_operators] == [("operator_discard", "ana")]
+
+
+def test_api_docs_render_from_this_origin_only(served, tmp_path):
+    """Swagger UI draws every operation from the package's assets: no request leaves the
+    origin and the page's CSP blocks nothing it needs."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = chromium(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        requested: list[str] = []
+        complaints: list[str] = []
+        page.on("request", lambda request: requested.append(request.url))
+        page.on(
+            "console",
+            lambda message: complaints.append(message.text) if message.type == "error" else None,
+        )
+        page.goto(served + "/docs")
+        expect(page.locator(".opblock-summary-path").first).to_be_visible(timeout=10_000)
+        expect(page.locator(".opblock-summary-path", has_text="/held/{held_id}")).to_have_count(2)
+        expect(page.locator("button.authorize")).to_be_visible()
+        page.screenshot(path=str(tmp_path / "docs.png"), full_page=True)
+        browser.close()
+    assert requested and all(url.startswith(served + "/") for url in requested), requested
+    assert complaints == [], complaints

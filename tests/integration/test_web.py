@@ -21,6 +21,13 @@ AUTH = {"Authorization": f"Bearer {ANA_TOKEN}"}
 
 @pytest.fixture
 def client(order_app):
+    """A client whose requests carry ana's token (every scope) unless a test says otherwise."""
+    with TestClient(create_web_app(order_app), headers=AUTH) as c:
+        yield c
+
+
+@pytest.fixture
+def anonymous(order_app):
     with TestClient(create_web_app(order_app)) as c:
         yield c
 
@@ -123,7 +130,9 @@ def test_errors_are_problem_json(client, call, status, kind):
     assert body["type"].endswith("/" + kind) and body["status"] == status and body["detail"]
 
 
-def test_operator_actions_need_a_token_and_are_audited_with_its_actor(client, order_app, settings):
+def test_operator_actions_need_a_token_and_are_audited_with_its_actor(
+    client, anonymous, order_app, settings
+):
     saga_id = start(client).json()["saga_id"]
     version = client.get(f"/sagas/{saga_id}").json()["version"]
     body = {"reason": "customer cancelled", "expect_version": version}
@@ -132,7 +141,7 @@ def test_operator_actions_need_a_token_and_are_audited_with_its_actor(client, or
         {"Authorization": "Bearer wrong-token-0000000000"},
         {"Authorization": "Basic abc"},
     ):
-        r = client.post(f"/sagas/{saga_id}/compensate", json=body, headers=headers)
+        r = anonymous.post(f"/sagas/{saga_id}/compensate", json=body, headers=headers)
         assert r.status_code == 401, r.text
         assert r.headers["www-authenticate"].startswith("Bearer")
     stale = client.post(
@@ -420,7 +429,7 @@ def test_counts_over_time_come_from_beats_samples(clocked_app, clock, settings):
     import re
 
     app = clocked_app
-    with TestClient(create_web_app(app)) as client:
+    with TestClient(create_web_app(app), headers=AUTH) as client:
         assert "No samples yet" in client.get("/").text
         app.start_saga("order", "h-1", ORDER)
         app.start_saga("order", "h-2", {**ORDER, "customer_id": "c-low"})

@@ -92,20 +92,34 @@ def test_a_body_under_the_limit_reaches_the_route(server):
 
 
 def test_dashboard_pages_send_a_strict_csp_and_refuse_framing(server, order_app):
+    """With data (a token) and as the shell without data (none), the same headers; the
+    shell names no saga."""
+    from tests.helpers import ANA_TOKEN
+
     handle = order_app.start_saga("order", "csp-1", {"customer_id": "c-1",
                                   "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 100})  # fmt: skip
-    for path in ("/", f"/ui/sagas/{handle.saga_id}", "/ui/held", "/ui/sagas/no-such-saga"):
+    paths = ("/", f"/ui/sagas/{handle.saga_id}", "/ui/held", "/ui/sagas/no-such-saga")
+    for path, auth, expected in [
+        *((p, {"Authorization": f"Bearer {ANA_TOKEN}"}, 404 if "no-such" in p else 200)
+          for p in paths),
+        *((p, {}, 401) for p in paths),
+    ]:  # fmt: skip
         conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
-        conn.request("GET", path)
+        conn.request("GET", path, headers=auth)
         response = conn.getresponse()
         body = response.read().decode()
         conn.close()
+        assert response.status == expected, (path, response.status)
         csp = response.getheader("Content-Security-Policy") or ""
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, path
         assert response.getheader("X-Content-Type-Options") == "nosniff"
         assert response.getheader("X-Frame-Options") == "DENY"
         assert response.getheader("Referrer-Policy") == "no-referrer"
+        assert response.getheader("Cache-Control") == "no-store"
         assert "<script>" not in body, f"{path}: an inline script the CSP would block"
+        if expected == 401:
+            assert 'id="locked"' in body and "csp-1" not in body, path
+            assert response.getheader("WWW-Authenticate") == 'Bearer realm="saga_tasks"'
 
 
 def _client(order_app, settings, **changes):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ORDER, build_order_app, drain, scalar
+from tests.helpers import ANA_TOKEN, ORDER, build_order_app, drain, scalar
 
 RACERS = 16
 
@@ -56,7 +56,11 @@ def post(base: str, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]
     request = urllib.request.Request(
         f"{base}/sagas/order",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "Idempotency-Key": key},
+        headers={
+            "Content-Type": "application/json",
+            "Idempotency-Key": key,
+            "Authorization": f"Bearer {ANA_TOKEN}",
+        },
         method="POST",
     )
     try:

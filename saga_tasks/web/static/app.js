@@ -1,17 +1,36 @@
-// Operator buttons: POST to the JSON API with the token kept in this browser only.
+// The token, kept in this tab's session storage only (gone when the tab closes). A page
+// that came without data (#locked: no token, or one that may not read) is fetched again
+// with it and its content swapped in; operator buttons POST to the JSON API with it.
 (function () {
   const token = document.getElementById("token");
   token.value = sessionStorage.getItem("saga_token") || "";
-  token.addEventListener("change", () => sessionStorage.setItem("saga_token", token.value));
-  const result = document.getElementById("result");
   const val = (id) => (document.getElementById(id) || {}).value;
+  const bearer = () => (token.value ? {"Authorization": "Bearer " + token.value} : {});
+
+  async function unlock() {
+    if (!document.getElementById("locked") || !token.value) return;
+    const why = document.getElementById("locked-why");
+    try {
+      const response = await fetch(window.location.href, {headers: bearer(), cache: "no-store"});
+      const page = new DOMParser().parseFromString(await response.text(), "text/html");
+      const main = page.querySelector("main");
+      if (!main) throw new Error("HTTP " + response.status);
+      document.querySelector("main").replaceWith(document.adoptNode(main));
+      const nav = page.querySelector("header nav");
+      if (nav) document.querySelector("header nav").replaceWith(document.adoptNode(nav));
+      document.title = page.title;
+    } catch (error) {
+      if (why) why.textContent = "The page could not be fetched: " + error.message;
+    }
+  }
 
   async function post(url, body) {
+    const result = document.getElementById("result");
     result.className = "";
     result.textContent = "…";
     const response = await fetch(url, {
       method: "POST",
-      headers: {"Content-Type": "application/json", "Authorization": "Bearer " + token.value},
+      headers: {"Content-Type": "application/json", ...bearer()},
       body: JSON.stringify(body),
     });
     const data = await response.json().catch(() => ({}));
@@ -26,25 +45,33 @@
     return true;
   }
 
-  document.querySelectorAll("button[data-action]").forEach((button) => {
-    button.addEventListener("click", () => {
+  token.addEventListener("change", () => {
+    sessionStorage.setItem("saga_token", token.value);
+    unlock();
+  });
+
+  // Delegated: the buttons may arrive with a page swapped in after load.
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-action], button[data-held]");
+    if (!button) return;
+    if (button.dataset.action) {
       const action = button.dataset.action;
       const ref = document.getElementById("saga-ref").dataset;
       const body = {reason: val("reason"), expect_version: Number(ref.sagaVersion)};
       if (action === "retry-step" || action === "skip-step") body.step = val("step");
       if (action === "resolve") body.status = val("resolution");
       post("/sagas/" + encodeURIComponent(ref.sagaId) + "/" + action, body);
-    });
+      return;
+    }
+    const body = {reason: val("reason")};
+    const force = document.getElementById("force");
+    if (force && force.checked && button.dataset.verb === "replay") {
+      body.force = true;
+      body.force_reason = val("force_reason");
+    }
+    post("/held/" + button.dataset.held + "/" + button.dataset.verb, body);
   });
-  document.querySelectorAll("button[data-held]").forEach((button) => {
-    button.addEventListener("click", () => {
-      const body = {reason: val("reason")};
-      const force = document.getElementById("force");
-      if (force && force.checked && button.dataset.verb === "replay") {
-        body.force = true;
-        body.force_reason = val("force_reason");
-      }
-      post("/held/" + button.dataset.held + "/" + button.dataset.verb, body);
-    });
-  });
+
+  if (document.getElementById("locked") && !token.value) token.focus();
+  unlock();
 })();
