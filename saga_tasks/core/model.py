@@ -5,6 +5,9 @@ Persistence maps these to rows; nothing here knows about SQL or messages on the 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -14,20 +17,36 @@ from typing import Any
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.states import ACTIVE_SAGA, IN_FLIGHT, MessageKind, SagaStatus, StepStatus
 
-# Every id the decider makes is derived from the saga id, so deciding twice on the
-# same input (a redelivered message after a crash) makes the same ids again.
+# Every id the decider makes is derived from the saga, so deciding twice on the same
+# input (a redelivered message after a crash) makes the same ids again. The derivation
+# is keyed by the saga's own secret (``SagaState.id_key``, drawn at its start and kept in
+# its row): the saga id is public (URLs, logs, the dashboard), and an id anyone could
+# compute from it would let whoever can publish a reply answer for a step.
 _ID_NAMESPACE = uuid.UUID("8d3c2a51-4a8e-4e39-9a55-6d1b3f0c7e21")
 
 
-def command_id(saga_id: str, step: str, kind: MessageKind, generation: int) -> str:
+def new_id_key() -> str:
+    """A saga's secret for its ids: 128 random bits, hex."""
+    return secrets.token_hex(16)
+
+
+def _derived(key: str | None, name: str) -> str:
+    if key is None:  # a saga started before ids were keyed keeps its ids
+        return str(uuid.uuid5(_ID_NAMESPACE, name))
+    digest = hmac.new(bytes.fromhex(key), name.encode(), hashlib.sha256).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))
+
+
+def command_id(saga: SagaState, step: str, kind: MessageKind, generation: int) -> str:
     """The id a participant deduplicates on; the same for every re-send of one command."""
-    return str(uuid.uuid5(_ID_NAMESPACE, f"{saga_id}/{step}/{kind.value}/{generation}/command"))
+    name = f"{saga.saga_id}/{step}/{kind.value}/{generation}/command"
+    return _derived(saga.id_key, name)
 
 
-def message_id(saga_id: str, step: str, kind: MessageKind, generation: int, attempt: int) -> str:
+def message_id(saga: SagaState, step: str, kind: MessageKind, generation: int, attempt: int) -> str:
     """The id of one send of a command; a re-send gets a new one."""
-    name = f"{saga_id}/{step}/{kind.value}/{generation}/{attempt}/message"
-    return str(uuid.uuid5(_ID_NAMESPACE, name))
+    name = f"{saga.saga_id}/{step}/{kind.value}/{generation}/{attempt}/message"
+    return _derived(saga.id_key, name)
 
 
 LATE_SUCCESS = "late_success"
@@ -95,6 +114,8 @@ class SagaState:
     correlation_id: str | None = None
     traceparent: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    id_key: str | None = field(default=None, repr=False)
+    """The secret the saga's command and message ids are derived with; never shown."""
 
     @classmethod
     def new(
@@ -107,8 +128,10 @@ class SagaState:
         now: datetime,
         correlation_id: str | None = None,
         traceparent: str | None = None,
+        id_key: str | None = None,
     ) -> SagaState:
-        """A saga before its ``Started`` event: version 0, every step pending."""
+        """A saga before its ``Started`` event: version 0, every step pending; ``id_key``
+        keys its ids (``new_id_key()``; the caller draws it, the core stays pure)."""
         return cls(
             saga_id=saga_id,
             saga_type=definition.saga_type,
@@ -121,6 +144,7 @@ class SagaState:
             created_at=now,
             correlation_id=correlation_id or saga_id,
             traceparent=traceparent,
+            id_key=id_key,
         )
 
     def results(self) -> dict[str, Mapping[str, Any]]:

@@ -55,6 +55,7 @@ _SAGA_INSERT_COLUMNS = (
     "created_at",
     "updated_at",
     "finished_at",
+    "id_key",
 )
 STEP_COLUMNS = (
     "saga_id",
@@ -148,6 +149,7 @@ def insert_new(
         "created_at": now,
         "updated_at": now,
         "finished_at": state.finished_at,
+        "id_key": state.id_key,
         "steps": recordset.encode(
             [_step_row(state.saga_id, n, i, state.steps[n]) for i, n in enumerate(step_order)]
         ),
@@ -363,6 +365,7 @@ def _to_state(rows: Sequence[Row[Any]], head: Mapping[Any, Any] | None = None) -
         correlation_id=saga["correlation_id"],
         traceparent=saga["traceparent"],
         extra={"updated_at": saga["updated_at"]},
+        id_key=saga["id_key"],
     )
 
 

@@ -50,6 +50,7 @@ saga_instance = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True)),
+    Column("id_key", Text),
     UniqueConstraint("saga_type", "business_key", name="uq_saga_type_business_key"),
     Index(
         "ix_saga_next_wake_active",

@@ -26,7 +26,7 @@ from saga_tasks.core.decider import CommandIntent, Decision, decide
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.events import DeadLettered, Event, OperatorAction, Started
 from saga_tasks.core.messages import OutboundMessage, command_headers, parse_reply
-from saga_tasks.core.model import SagaState
+from saga_tasks.core.model import SagaState, new_id_key
 from saga_tasks.core.registry import Registry
 from saga_tasks.core.states import TERMINAL_SAGA, Classification, SagaStatus
 from saga_tasks.errors import (
@@ -139,6 +139,7 @@ class Orchestrator:
             payload=clean,
             now=now,
             traceparent=traceparent,
+            id_key=new_id_key(),
         )
         decision = decide(definition, state, Started(), now)
         if session is not None:

@@ -62,6 +62,7 @@ class Driver:
             business_key="k",
             payload={"x": 1},
             now=self.now,
+            id_key="5a" * 16,  # keyed ids, as every saga started now has
         )
         self.decisions: list[Decision] = []
         self._counter = 0

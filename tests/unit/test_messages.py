@@ -142,3 +142,35 @@ def test_any_garbage_is_refused_with_a_reason_never_a_crash(hdrs, body):
             parse("m", hdrs, body)
         except InvalidMessage as exc:
             assert exc.reason
+
+
+def test_ids_are_keyed_by_the_sagas_secret_not_derivable_from_its_public_id():
+    """Knowing a saga id is not enough to answer for its steps: the ids a participant
+    deduplicates on are derived with the saga's own key; the same key makes the same ids
+    (deciding twice after a crash), another key others. A saga started before ids were
+    keyed (no key) keeps its old ids."""
+    from datetime import UTC, datetime
+
+    from saga_tasks.core.definitions import saga, step
+    from saga_tasks.core.model import SagaState, command_id, message_id, new_id_key
+    from saga_tasks.core.states import MessageKind
+
+    definition = saga("one", step("s0", "p.do", queue="p.commands", timeout=5))
+    now = datetime.now(UTC)
+
+    def state(key):
+        return SagaState.new(
+            definition, saga_id="0f" * 16, business_key="k", payload={}, now=now, id_key=key
+        )
+
+    key = new_id_key()
+    assert len(key) == 32 and key != new_id_key()
+    keyed, same, other, legacy = state(key), state(key), state(new_id_key()), state(None)
+    cid = command_id(keyed, "s0", MessageKind.COMMAND, 1)
+    assert cid == command_id(same, "s0", MessageKind.COMMAND, 1)
+    assert cid != command_id(other, "s0", MessageKind.COMMAND, 1)
+    assert cid != command_id(legacy, "s0", MessageKind.COMMAND, 1)
+    assert message_id(keyed, "s0", MessageKind.COMMAND, 1, 1) != message_id(
+        other, "s0", MessageKind.COMMAND, 1, 1
+    )
+    assert key not in repr(keyed)

@@ -16,7 +16,7 @@ from saga_tasks.core.decider.decision import CommandIntent
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import Step
 from saga_tasks.core.messages import MAX_GENERATIONS
-from saga_tasks.core.model import StepState, command_id, message_id
+from saga_tasks.core.model import SagaState, StepState, command_id, message_id
 from saga_tasks.core.states import MessageKind, StepStatus
 from saga_tasks.errors import ActionRefused
 
@@ -46,13 +46,14 @@ _HISTORY_EVENTS = {
 def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None = None) -> None:
     """Send (again) one of the step's commands: the step awaits its answer until a new
     deadline, and a re-send keeps the command id under a new message id."""
-    saga_id = tx.before.saga_id
+    saga = tx.before
+    saga_id = saga.saga_id
     compensates: str | None = None
     supersedes: tuple[str, ...] = ()
     if what is Send.FORWARD:
         kind, task = MessageKind.COMMAND, s.action
         generation = st.generation
-        cid = st.command_id or command_id(saga_id, s.name, kind, generation)
+        cid = st.command_id or command_id(saga, s.name, kind, generation)
         attempt = st.attempt + 1
         new = st.evolve(status=StepStatus.REQUESTED, attempt=attempt, command_id=cid)
     else:
@@ -61,7 +62,7 @@ def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None 
         attempt = st.compensation_attempt + 1
         if what is Send.COMPENSATION:
             generation = st.generation
-            cid = st.compensation_id or command_id(saga_id, s.name, kind, generation)
+            cid = st.compensation_id or command_id(saga, s.name, kind, generation)
             new = st.evolve(
                 status=StepStatus.COMPENSATING,
                 error=None,
@@ -71,12 +72,12 @@ def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None 
         else:
             # A re-sent fence has already moved the step on: it keeps the id it had.
             generation = st.generation if st.compensation_attempt == 0 else st.generation - 1
-            cid = command_id(saga_id, s.name, kind, generation)
+            cid = command_id(saga, s.name, kind, generation)
             new = st.evolve(
                 generation=generation + 1, compensation_id=None, compensation_attempt=attempt
             )
         compensates = st.command_id
-        supersedes = tuple(command_id(saga_id, s.name, kind, g) for g in range(1, generation))
+        supersedes = tuple(command_id(saga, s.name, kind, g) for g in range(1, generation))
     new = new.evolve(requested_at=tx.now, deadline=tx.now + s.timeout)
     tx.set_step(
         s.name,
@@ -93,7 +94,7 @@ def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None 
             task_name=task,
             queue=s.queue,
             command_id=cid,
-            message_id=message_id(saga_id, s.name, kind, generation, attempt),
+            message_id=message_id(saga, s.name, kind, generation, attempt),
             attempt=attempt,
             body=_body(tx),
             compensates=compensates,
@@ -121,15 +122,17 @@ def next_generation(st: StepState, *, forward: bool = False) -> StepState:
     return new
 
 
-def superseded(saga_id: str, step: str, kind: MessageKind, cid: str, st: StepState) -> int | None:
+def superseded(
+    saga: SagaState, step: str, kind: MessageKind, cid: str, st: StepState
+) -> int | None:
     """The earlier generation whose id ``cid`` is, or None when it is no id of ours."""
     for generation in range(1, st.generation):
-        if cid == command_id(saga_id, step, kind, generation):
+        if cid == command_id(saga, step, kind, generation):
             return generation
     return None
 
 
-def fence_id(saga_id: str, step: str, st: StepState) -> str:
+def fence_id(saga: SagaState, step: str, st: StepState) -> str:
     """The id of the fence a step done by hand sent (or would have sent): the compensation
     id of the generation before the step's current one."""
-    return command_id(saga_id, step, MessageKind.COMPENSATION, st.generation - 1)
+    return command_id(saga, step, MessageKind.COMPENSATION, st.generation - 1)

@@ -59,7 +59,7 @@ def _awaited(tx: Transition, e: DeadLettered, step: Step, st: StepState) -> _Han
     elif e.kind is MessageKind.COMPENSATION:
         if st.status is StepStatus.COMPENSATING and e.command_id == st.compensation_id:
             return _dead_compensation
-        if st.fencing and e.command_id == fence_id(tx.before.saga_id, step.name, st):
+        if st.fencing and e.command_id == fence_id(tx.before, step.name, st):
             return _dead_fence
     elif e.kind is MessageKind.REPLY:
         return _dead_reply

@@ -54,7 +54,7 @@ def _compensation_awaits(state: SagaState, step: str, st: StepState, cid: str | 
             return "in flight"
         if st.status is StepStatus.COMPENSATION_FAILED and st.error == "dead_lettered":
             return "a dead compensation"
-    if cid == fence_id(state.saga_id, step, st) and st.status is StepStatus.SUCCEEDED:
+    if cid == fence_id(state, step, st) and st.status is StepStatus.SUCCEEDED:
         if st.fencing:
             return "in flight"
         if st.error == "fence_failed":

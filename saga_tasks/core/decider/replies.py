@@ -72,7 +72,7 @@ def _earlier_command_reply(tx: Transition, event: ReplyReceived, st: StepState) 
     """A reply to a command id the step no longer awaits: one an operator's retry
     superseded, or none this saga sent."""
     name = event.step
-    generation = superseded(tx.before.saga_id, name, MessageKind.COMMAND, event.command_id, st)
+    generation = superseded(tx.before, name, MessageKind.COMMAND, event.command_id, st)
     if generation is None:
         _invalid(tx, event, f"reply to command {event.command_id} which step {name!r} did not send")
     else:
@@ -185,7 +185,7 @@ def _earlier_compensation_reply(tx: Transition, event: ReplyReceived, st: StepSt
     generation that undid the step after all, or one an operator's retry superseded."""
     name = event.step
     success = event.outcome is Outcome.SUCCESS
-    generation = superseded(tx.before.saga_id, name, MessageKind.COMPENSATION, event.command_id, st)
+    generation = superseded(tx.before, name, MessageKind.COMPENSATION, event.command_id, st)
     if generation is None:
         _invalid(
             tx, event, f"reply to compensation {event.command_id} which step {name!r} did not send"
