@@ -43,14 +43,11 @@ def test_a_reply_with_an_id_derived_from_the_public_saga_id_changes_nothing(orde
     state = order_app.orchestrator.get(handle.saga_id)
     assert state.steps["create_order"].status is StepStatus.REQUESTED
     assert state.version == 1, "nothing changed"
-    (noted,) = [
-        r
-        for r in rows(
-            order_app.engine,
-            "SELECT reason FROM saga.saga_history WHERE saga_id = :s AND event = 'invalid_message'",
-            s=handle.saga_id,
-        )
-    ]
+    (noted,) = rows(
+        order_app.engine,
+        "SELECT reason FROM saga.saga_history WHERE saga_id = :s AND event = 'invalid_message'",
+        s=handle.saga_id,
+    )
     assert "did not send" in noted["reason"]
 
     # The participant's own reply still counts, and the saga goes on as if nothing came.
