@@ -34,7 +34,7 @@ from sqlalchemy import func, select, text
 from saga_tasks.config import Settings, mask_url
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.errors import SagaTasksError
-from saga_tasks.ops.processes import Supervisor, WorkerProcess
+from saga_tasks.ops.processes import Supervisor, WorkerProcess, participant_env
 
 STATE_DIR = Path(".demo")
 WEB_PORT = 8000
@@ -116,7 +116,11 @@ def demo_processes(
             name=name,
             pool=pool,
             concurrency=concurrency,
-            env={**env, **metrics_env} if name == "orchestrator" else env,
+            env=(
+                {**env, **metrics_env}
+                if name == "orchestrator"
+                else participant_env(env, name.split("-")[0])
+            ),
             log_dir=log_dir,
             extra_args=("-E",),
         )

@@ -22,6 +22,18 @@ from saga_tasks.messaging.admin import consumed
 T = TypeVar("T")
 
 
+def participant_env(env: Mapping[str, str], name: str) -> dict[str, str]:
+    """The environment of participant ``name``'s own process: its own database, and the
+    orchestrator's not even named (when participants have databases of their own)."""
+    from saga_tasks.config import Settings
+
+    settings = Settings.from_env(env)
+    if not settings.participants_apart:
+        return dict(env)
+    url = settings.participant_database(name)
+    return {**env, "SAGA_DATABASE_URL": "", "SAGA_PARTICIPANT_DATABASE_URL": f"{name}={url}"}
+
+
 class TimedOut(AssertionError):
     """A condition awaited by ``wait_for`` did not come true in time."""
 

@@ -50,7 +50,13 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import Settings
-from saga_tasks.ops.processes import Supervisor, WorkerProcess, exit_on_sigterm, wait_for
+from saga_tasks.ops.processes import (
+    Supervisor,
+    WorkerProcess,
+    exit_on_sigterm,
+    participant_env,
+    wait_for,
+)
 from tools.chaos.checks import (
     PARTICIPANTS,
     check_invariants,
@@ -146,8 +152,13 @@ def chaos_processes(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
         # command another, waiting on its ledger row): room for them and for the rest.
         ("payments", ["payments.commands"], "prefork", 8),
     ]
+
+    def own(name: str, queues: list[str]) -> dict[str, str]:
+        participant = queues[0].removesuffix(".commands")
+        return env if participant == queues[0] else participant_env(env, participant)
+
     processes = [
-        WorkerProcess(app, queues=q, name=n, pool=p, concurrency=c, env=env, log_dir=log_dir)
+        WorkerProcess(app, queues=q, name=n, pool=p, concurrency=c, env=own(n, q), log_dir=log_dir)
         for n, q, p, c in specs
     ]
     processes += [
