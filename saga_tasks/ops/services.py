@@ -59,21 +59,30 @@ def targets(app: SagaApp | None, settings: Settings, only: Sequence[str] = ()) -
     then the app's chains), then each participant's own (its chain alone); ``only`` picks
     some by name. Without an app, the saga schema only."""
     if app is None:
-        found = [Target("saga", settings.database_url, (), True)]
+        names = ["saga"]
     else:
-        found = [Target("saga", app.settings.database_url, tuple(app.migrations), True)]
-        found += [
-            Target(p.name, app.settings.participant_database(p.name), (str(p.migrations),), False)
-            for p in app.participants.values()
-            if p.migrations is not None
-        ]
-    unknown = sorted(set(only) - {t.name for t in found})
+        names = ["saga", *(p.name for p in app.participants.values() if p.migrations)]
+    unknown = sorted(set(only) - set(names))
     if unknown:
         raise ConfigurationError(
             f"{', '.join(unknown)}: not 'saga' nor a participant with migrations "
-            f"({', '.join(t.name for t in found)})"
+            f"({', '.join(names)})"
         )
-    return [t for t in found if not only or t.name in only]
+    if app is not None:
+        settings = app.settings
+    found = []
+    for name in names:
+        if only and name not in only:
+            continue  # a process given one participant's database names no other
+        if name == "saga":
+            chains = tuple(app.migrations) if app is not None else ()
+            found.append(Target("saga", settings.database_url, chains, True))
+        else:
+            assert app is not None
+            p = app.participants[name]
+            url = settings.participant_database(name)
+            found.append(Target(name, url, (str(p.migrations),), False))
+    return found
 
 
 def upgrade_all(

@@ -129,6 +129,30 @@ def test_unreachable_service_is_named_with_its_url_masked(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("secret", SECRETS)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "postgresql+psycopg2://bob:{}@127.0.0.1:5999/{{participant}}",
+        "inventory=postgresql+psycopg2://bob:{}@127.0.0.1:5999/inv",
+    ],
+)
+def test_an_unreachable_participant_database_is_named_with_its_url_masked(env, value, secret):
+    url = value.format(secret)
+    result = cli(
+        "db", "upgrade", "--only", "inventory", env={**env, "SAGA_PARTICIPANT_DATABASE_URL": url}
+    )
+    assert result.returncode == 3, result.stderr
+    assert (
+        "cannot reach PostgreSQL at postgresql+psycopg2://bob:***@127.0.0.1:5999/" in result.stderr
+    )
+    output = result.stdout + result.stderr
+    assert secret not in output and secret.split("/")[0] not in output.replace("***", "")
+    broken = cli("db", "upgrade", env={**env, "SAGA_PARTICIPANT_DATABASE_URL": f"{url} nonsense"})
+    assert broken.returncode == 1 and broken.stderr.count("\n") == 1
+    assert secret not in broken.stdout + broken.stderr
+
+
 @pytest.mark.parametrize("value", ["nonsense", "postgresql:/x", "://nothing"])
 def test_a_database_url_that_does_not_parse_is_one_line_and_exit_1(env, value):
     result = cli("db", "current", env={**env, "SAGA_DATABASE_URL": value})
