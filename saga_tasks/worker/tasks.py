@@ -27,7 +27,13 @@ from celery.signals import (
 from saga_tasks.config import Settings
 from saga_tasks.core.messages import REPLY_TASK
 from saga_tasks.errors import ServiceUnavailable
-from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, REPLY_QUEUE, Topology
+from saga_tasks.messaging.topology import (
+    DEAD_LETTER_QUEUE,
+    MAINTENANCE_QUEUE,
+    PARKING_QUEUE,
+    REPLY_QUEUE,
+    Topology,
+)
 from saga_tasks.observability.alerts import AlertScan
 from saga_tasks.observability.logs import configure_logging
 from saga_tasks.observability.metrics import serve_worker_metrics
@@ -141,6 +147,7 @@ def _register_orchestrator_tasks(celery: Celery, parts: WorkerParts) -> None:
                 routing_key=delivery.get("routing_key"),
                 redelivered=bool(delivery.get("redelivered")),
                 raise_invalid=True,
+                sender=_sender(self.request),
             ).value
         return outcome  # noqa: RET504 - the policy may end the body early
 
@@ -203,6 +210,7 @@ def _register_handler(
                 body=body,
                 redelivered=bool(delivery.get("redelivered")) or bool(request.retries),
                 raise_invalid=True,
+                sender=_sender(request),
             )
         return outcome  # noqa: RET504 - the policy may end the body early
 
@@ -216,8 +224,18 @@ def _register_handler(
     )(run)
 
 
+def _sender(request: Any) -> str | None:
+    """The AMQP ``user_id`` the delivery carries (RabbitMQ validated it at publish)."""
+    value = (getattr(request, "properties", None) or {}).get("user_id")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value) if value else None
+
+
 class DeclareTopology(bootsteps.StartStopStep):
-    """Declare every exchange and queue (retry, dead-letter, parking too) on each connect.
+    """Declare every exchange and queue (retry, dead-letter, parking too) on each connect,
+    or, where the deploy step declares them (one broker user per service, none of which
+    may configure), check that the queues this worker consumes and holds into exist.
 
     Dead-lettering to an exchange with no queue bound drops the message, so the
     holding queues must exist before any work queue can dead-letter into them.
@@ -227,7 +245,11 @@ class DeclareTopology(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         parts: WorkerParts = c.app.saga_parts
-        parts.topology.declare(c.connection)
+        if parts.topology.declare_on_use:
+            parts.topology.declare(c.connection)
+        else:
+            consumed = list(c.app.amqp.queues.consume_from or {})
+            parts.topology.check(c.connection, [*consumed, DEAD_LETTER_QUEUE, PARKING_QUEUE])
         try:
             check_database(parts.settings.database_url)
         except ServiceUnavailable as exc:
