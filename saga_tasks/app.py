@@ -148,6 +148,8 @@ class SagaApp:
             broker_url=settings.broker_url,
             dead_lettered=self.orchestrator.dead_lettered,
             clock=clock,
+            senders=self.senders,
+            step_queue=self.orchestrator.step_queue,
         )
         self.replayer = Replayer(
             engine=engine,

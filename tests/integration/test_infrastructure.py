@@ -132,12 +132,12 @@ def test_migrations_from_empty_twice_and_concurrently(template_database):
         outputs = [job.communicate(timeout=120)[0] for job in jobs]
         assert [job.returncode for job in jobs] == [0, 0, 0], outputs
         assert all(
-            "saga_tasks at revision 0001\nparticipants at revision 0001" in out for out in outputs
+            "saga_tasks at revision 0002\nparticipants at revision 0001" in out for out in outputs
         )
-        heads = [("saga_tasks", "0001"), ("participants", "0001")]
+        heads = [("saga_tasks", "0002"), ("participants", "0001")]
         assert upgrade(url, [MIGRATIONS]) == heads
         assert current_revisions(url, [MIGRATIONS]) == heads
-        assert current_revision(url) == "0001"
+        assert current_revision(url) == "0002"
         engine = create_engine(url, poolclass=NullPool)
         with engine.connect() as conn:
             for version_table in ("saga.alembic_version", "example.alembic_version"):
@@ -173,7 +173,7 @@ def test_the_saga_schema_migrates_without_any_app(template_database):
             check=False,
         )
         assert alone.returncode == 0, alone.stderr
-        assert alone.stdout == "saga_tasks at revision 0001\n"
+        assert alone.stdout == "saga_tasks at revision 0002\n"
         assert "the saga schema only" in alone.stderr
 
         def schemas() -> dict[str, int]:
@@ -192,7 +192,7 @@ def test_the_saga_schema_migrates_without_any_app(template_database):
 
         assert schemas() == {"saga": len(metadata.tables) + 1}
         assert current_revisions(url, [MIGRATIONS]) == [
-            ("saga_tasks", "0001"),
+            ("saga_tasks", "0002"),
             ("participants", "none"),
         ]
         assert "example" not in schemas()  # reading revisions created nothing
