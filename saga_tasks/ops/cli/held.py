@@ -51,8 +51,7 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
             for m in v["messages"]:
                 click.echo(
                     f"{m['id']:>6}  {m['status']:<9} {m['received_at']}  "
-                    f"{m['task_name'] or '-':<22} {m['step'] or '-':<18} "
-                    f"{'' if m['attested'] else 'NOT ATTESTED '}{m['reason']}"
+                    f"{m['task_name'] or '-':<22} {m['step'] or '-':<18} {m['reason']}"
                 )
 
         emit(view, as_json, render)
