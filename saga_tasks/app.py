@@ -33,6 +33,7 @@ from saga_tasks.messaging.celery_config import celery_app
 from saga_tasks.messaging.dispatcher import Dispatcher
 from saga_tasks.messaging.publisher import Publisher, task_message_encoder
 from saga_tasks.messaging.topology import Topology, participant_of
+from saga_tasks.messaging.users import broker_user
 from saga_tasks.observability.alerts import AlertScan, alerters_for
 from saga_tasks.observability.tracing import Tracing
 from saga_tasks.participant import Participant
@@ -182,6 +183,7 @@ class SagaApp:
             retry_delays=settings.retry_delays,
             unknown_error_retries=settings.unknown_error_retries,
             poison_limit=settings.poison_limit,
+            user=broker_user(settings.broker_url),
         )
 
     @property

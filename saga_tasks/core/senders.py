@@ -25,11 +25,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from saga_tasks.errors import ConfigurationError
 
 ORCHESTRATOR_ROLE = "orchestrator"
 """The orchestrator's user is ``<prefix>orchestrator``; no participant may take the name."""
+H_SENT_BY = "saga_sent_by"
+"""On a copy a service makes of a message it consumed (a retry or outage copy, a hold, a
+Celery re-send): the broker user that sent the original, empty for none. The copy is
+published as the service itself, so without this the service would vouch, on the copy's
+return, for a message it had not yet judged."""
 
 
 @dataclass(frozen=True)
@@ -103,9 +109,18 @@ OPEN = Senders()
 """No prefix: one broker user for every process, nothing checked."""
 
 
+def sender_of(user_id: str | None, headers: Mapping[str, Any] | None, own: str) -> str | None:
+    """Who a delivery comes from: its ``user_id``, or, for a copy this service made itself
+    (``user_id`` is ``own``, the user it publishes as), the sender of the original the copy
+    names. Only a service's own copies are read so: another user cannot relay for anyone."""
+    if user_id and user_id == own and headers is not None and H_SENT_BY in headers:
+        return str(headers[H_SENT_BY] or "") or None
+    return user_id or None
+
+
 def publisher(sender: str | None) -> str:
     """How a message's sender is named to people."""
     return f"broker user {sender!r}" if sender else "an unknown publisher (no AMQP user_id)"
 
 
-__all__ = ["OPEN", "ORCHESTRATOR_ROLE", "Senders", "publisher"]
+__all__ = ["H_SENT_BY", "OPEN", "ORCHESTRATOR_ROLE", "Senders", "publisher", "sender_of"]

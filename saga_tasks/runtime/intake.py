@@ -13,9 +13,10 @@ vouch for is the publisher's user (``user_id``, checked at publish). So with one
 user per service a held message moves its saga only when it is *attested*: published by
 the orchestrator's user (the broker dead-lettered one of its commands, or it held a
 message itself) or by the user of the participant that owns the step (its own holds, or
-its reply dead-lettered). Any other is stored with ``attested`` false, its reason shown
-as the publisher's claim, and a note in the saga's history; it moves nothing until an
-operator replays or discards it.
+its reply dead-lettered), and, for a service's hold, only when what it held came from
+such a sender too (``saga_sent_by``). Any other is stored with ``attested`` false, its
+reason shown as the publisher's claim, and a note in the saga's history; it moves nothing
+until an operator replays or discards it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from saga_tasks.core.messages import (
     OutboundMessage,
 )
 from saga_tasks.core.model import SagaState
-from saga_tasks.core.senders import OPEN, Senders
+from saga_tasks.core.senders import H_SENT_BY, OPEN, Senders, publisher
 from saga_tasks.core.states import MessageKind
 from saga_tasks.errors import ConcurrencyConflict, ServiceUnavailable, UnknownDefinitionVersion
 from saga_tasks.messaging.publisher import Publisher
@@ -294,7 +295,13 @@ class Intake:
             queue = None  # who owns the step is unknown here: only the orchestrator counts
         if step:
             what = f"{what} of step {step!r}"
-        return self.senders.refusal(sender, queue, what)
+        doubt = self.senders.refusal(sender, queue, what)
+        if doubt is None and holding == DEAD_LETTER and facts["sent_by"] is not None:
+            # Held by a service that may speak for the step: the message it held must
+            # have come from a sender that may too, or the hold would launder it.
+            held_by = f"{what}, held by {publisher(sender)},"
+            doubt = self.senders.refusal(facts["sent_by"] or None, queue, held_by)
+        return doubt
 
     def _not_attested(
         self,
@@ -399,8 +406,11 @@ def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
         queue = headers.get(H_DEAD_FROM) or latest.get("queue")
     routing_keys = _as_list(latest.get("routing-keys"))
     queue = storable.optional_text(queue)
+    sent_by = headers.get(H_SENT_BY)
     return {
         "message_id": storable.optional_text(headers.get("id")),
+        # A service's hold names who sent what it held (None: not a service's copy).
+        "sent_by": None if sent_by is None else str(sent_by),
         "saga_id": saga_id,
         "step": storable.optional_text(headers.get(H_STEP)),
         "kind": kind,

@@ -22,7 +22,7 @@ from saga_tasks.core.decider import replay_awaits
 from saga_tasks.core.events import OperatorAction, OperatorVerb
 from saga_tasks.core.messages import H_COMMAND_ID, OutboundMessage
 from saga_tasks.core.model import SagaState
-from saga_tasks.core.senders import publisher
+from saga_tasks.core.senders import H_SENT_BY, publisher
 from saga_tasks.core.states import TERMINAL_SAGA, MessageKind
 from saga_tasks.errors import ActionRefused, InputError
 from saga_tasks.messaging.publisher import Publisher
@@ -253,7 +253,11 @@ class Replayer:
     ) -> None:
         held_id = row["id"]
         body = base64.b64decode(row["body"]) if row["body_base64"] else (row["body"] or "").encode()
-        headers = {**clean_headers(row["headers"]), H_REPLAYED_FROM: str(held_id)}
+        # Sent again as the operator's process: it vouches for the message now.
+        headers = {
+            **{k: v for k, v in clean_headers(row["headers"]).items() if k != H_SENT_BY},
+            H_REPLAYED_FROM: str(held_id),
+        }
         self._publisher().publish_raw(
             exchange="",
             routing_key=row["original_queue"],

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import Celery, Task, bootsteps
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
@@ -26,6 +26,7 @@ from celery.signals import (
 
 from saga_tasks.config import Settings
 from saga_tasks.core.messages import REPLY_TASK
+from saga_tasks.core.senders import H_SENT_BY
 from saga_tasks.errors import ServiceUnavailable
 from saga_tasks.messaging.topology import (
     DEAD_LETTER_QUEUE,
@@ -94,10 +95,11 @@ def register(celery: Celery, parts: WorkerParts) -> None:
     )
     celery.saga_parts = parts  # type: ignore[attr-defined]
     celery.steps["consumer"].add(DeclareTopology)
-    _register_orchestrator_tasks(celery, parts)
+    base = _message_task(celery, parts.failures)
+    _register_orchestrator_tasks(celery, parts, base)
     for runtime in parts.runtimes.values():
         for handler in runtime.participant.handlers.values():
-            _register_handler(celery, parts.failures, runtime, handler)
+            _register_handler(celery, parts.failures, runtime, handler, base)
     _connect_logging(settings)
     _flush_on_shutdown(parts.flush)
     if settings.metrics_port:
@@ -124,11 +126,43 @@ def _serve_metrics_when_ready(celery: Celery, port: int) -> None:
     worker_ready.connect(serve, weak=False)
 
 
-def _register_orchestrator_tasks(celery: Celery, parts: WorkerParts) -> None:
+def _message_task(celery: Celery, failures: FailurePolicy) -> type[Task[Any, Any]]:
+    """The base of the tasks that consume saga messages.
+
+    When a pool child is lost, Celery re-sends the task (``task_retry_on_worker_lost``)
+    as this worker's own broker user; the re-send names the sender of the original, as
+    the failure policy's copies do, so the worker does not vouch for it on its return.
+    """
+
+    class MessageTask(celery.Task):  # type: ignore[name-defined,misc]
+        def signature_from_request(
+            self,
+            request: Any = None,
+            args: Any = None,
+            kwargs: Any = None,
+            queue: Any = None,
+            **extra_options: Any,
+        ) -> Any:
+            signature = super().signature_from_request(
+                request, args, kwargs, queue, **extra_options
+            )
+            origin = self.request if request is None else request
+            headers = dict(signature.options.get("headers") or {})
+            headers[H_SENT_BY] = failures.sender(origin) or ""
+            signature.options["headers"] = headers
+            return signature
+
+    return MessageTask
+
+
+def _register_orchestrator_tasks(
+    celery: Celery, parts: WorkerParts, base: type[Task[Any, Any]]
+) -> None:
     orchestrator, failures = parts.orchestrator, parts.failures
 
     @celery.task(
         name=REPLY_TASK,
+        base=base,
         bind=True,
         queue=REPLY_QUEUE,
         max_retries=WORKER_LOST_RETRIES,
@@ -147,7 +181,7 @@ def _register_orchestrator_tasks(celery: Celery, parts: WorkerParts) -> None:
                 routing_key=delivery.get("routing_key"),
                 redelivered=bool(delivery.get("redelivered")),
                 raise_invalid=True,
-                sender=_sender(self.request),
+                sender=failures.sender(self.request),
             ).value
         return outcome  # noqa: RET504 - the policy may end the body early
 
@@ -195,7 +229,11 @@ def _register_orchestrator_tasks(celery: Celery, parts: WorkerParts) -> None:
 
 
 def _register_handler(
-    celery: Celery, failures: FailurePolicy, runtime: ParticipantRuntime, handler: Handler
+    celery: Celery,
+    failures: FailurePolicy,
+    runtime: ParticipantRuntime,
+    handler: Handler,
+    base: type[Task[Any, Any]],
 ) -> None:
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
         request = self.request
@@ -210,26 +248,19 @@ def _register_handler(
                 body=body,
                 redelivered=bool(delivery.get("redelivered")) or bool(request.retries),
                 raise_invalid=True,
-                sender=_sender(request),
+                sender=failures.sender(request),
             )
         return outcome  # noqa: RET504 - the policy may end the body early
 
     run.__doc__ = (handler.fn.__doc__ or "").strip() or f"{handler.task_name} command handler"
     celery.task(
         name=handler.task_name,
+        base=base,
         bind=True,
         queue=handler.queue,
         max_retries=WORKER_LOST_RETRIES,
         default_retry_delay=0,
     )(run)
-
-
-def _sender(request: Any) -> str | None:
-    """The AMQP ``user_id`` the delivery carries (RabbitMQ validated it at publish)."""
-    value = (getattr(request, "properties", None) or {}).get("user_id")
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    return str(value) if value else None
 
 
 class DeclareTopology(bootsteps.StartStopStep):

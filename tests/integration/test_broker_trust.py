@@ -12,15 +12,17 @@ from __future__ import annotations
 import json
 import stat
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from amqp.exceptions import AccessRefused, PreconditionFailed
 from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus, StepStatus
+from saga_tasks.errors import ServiceUnavailable
 from saga_tasks.observability import metrics
 from saga_tasks.runtime.holding import DEAD_LETTER
-from saga_tasks.testing import RabbitAdmin, drain, run_command, run_reply
+from saga_tasks.testing import RabbitAdmin, drain, run_command, run_reply, wait_for
 from tests.helpers import (
     ORDER,
     ServiceUsers,
@@ -222,3 +224,68 @@ def test_a_forged_dead_letter_moves_no_saga_and_a_real_one_still_does(service_us
     assert (real["attested"], real["published_by"]) == (True, service_users.user("orchestrator"))
     assert real["reason"] == "rejected by the broker"
     assert orchestrator.orchestrator.get(saga_id).status is SagaStatus.COMPENSATING
+
+
+# -- the orchestrator's own copies do not launder a forged reply ---------------------------
+
+
+def _as_delivered(message: dict) -> SimpleNamespace:
+    """A drained message as a Celery task request shows it to the failure policy."""
+    headers = message["headers"]
+    return SimpleNamespace(
+        id=headers["id"],
+        task=headers["task"],
+        headers=headers,
+        kwargs=message["kwargs"],
+        properties={"user_id": message["user_id"]},
+        delivery_info={},
+    )
+
+
+def test_a_copy_of_a_forged_reply_made_by_the_orchestrator_is_still_refused(service_users):
+    """An outage copy goes out as the orchestrator's own user; it names the original's
+    sender, so on its return it is judged as the forgery it is, not as the orchestrator."""
+    orchestrator = service_users.app("orchestrator")
+    handle = to_reserve(service_users, orchestrator, "laundered-copy")
+    forged = forged_reply(handle.saga_id, reserve_command_id(orchestrator, handle.saga_id))
+    service_users.app("payments").publisher.publish([forged])
+    url = service_users.url("orchestrator")
+    (delivered,) = drain(url, "saga.replies")
+
+    with orchestrator.failures.guard(_as_delivered(delivered), "saga.replies"):
+        raise ServiceUnavailable("PostgreSQL", "-", "away for this test")
+
+    (back,) = wait_for(lambda: drain(url, "saga.replies"), timeout=10, describe="the copy back")
+    assert back["user_id"] == service_users.user("orchestrator")
+    assert back["headers"]["saga_sent_by"] == service_users.user("payments")
+    sender = orchestrator.failures.sender(_as_delivered(back))
+    assert sender == service_users.user("payments")
+    outcome = orchestrator.orchestrator.handle_reply(
+        back["headers"]["id"], back["headers"], back["kwargs"], sender=sender
+    )
+    assert outcome.value == "invalid"
+    assert orchestrator.orchestrator.get(handle.saga_id).status is SagaStatus.RUNNING
+
+
+def test_a_forged_reply_the_orchestrator_dead_letters_is_not_attested(service_users):
+    """Held by the orchestrator (its retries spent), a forged reply stays a forgery: the
+    dead letter names its sender, and the intake does not let it send the saga to review."""
+    orchestrator = service_users.app("orchestrator")
+    handle = to_reserve(service_users, orchestrator, "laundered-hold")
+    forged = forged_reply(handle.saga_id, reserve_command_id(orchestrator, handle.saga_id))
+    service_users.app("payments").publisher.publish([forged])
+    (delivered,) = drain(service_users.url("orchestrator"), "saga.replies")
+    request = _as_delivered(delivered)
+    request.headers = {**request.headers, "saga_retry": 99}  # no retry left
+
+    with orchestrator.failures.guard(request, "saga.replies"):
+        raise RuntimeError("the orchestrator failed on it")
+
+    assert orchestrator.intake.take(DEAD_LETTER).taken == 1
+    (letter,) = held(orchestrator)
+    assert (letter["published_by"], letter["attested"]) == (
+        service_users.user("orchestrator"),
+        False,
+    )
+    assert f"held by broker user {service_users.user('orchestrator')!r}" in letter["reason"]
+    assert orchestrator.orchestrator.get(handle.saga_id).status is SagaStatus.RUNNING

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from saga_tasks.core.senders import OPEN, Senders, publisher
+from saga_tasks.core.senders import H_SENT_BY, OPEN, Senders, publisher, sender_of
 from saga_tasks.errors import ConfigurationError
 
 QUEUES = {"inventory.commands": "inventory", "payments.commands": "payments"}
@@ -59,3 +59,13 @@ def test_a_participant_named_orchestrator_is_refused_once_users_are_checked():
     Senders(prefix="", participants={"orchestrator.commands": "orchestrator"})
     with pytest.raises(ConfigurationError, match="share the orchestrator's broker user"):
         Senders(prefix="saga-", participants={"orchestrator.commands": "orchestrator"})
+
+
+def test_a_services_own_copy_is_judged_by_the_sender_of_the_original():
+    own = "saga-orchestrator"
+    assert sender_of(own, {H_SENT_BY: "saga-payments"}, own) == "saga-payments"
+    assert sender_of(own, {H_SENT_BY: ""}, own) is None  # the original had no user_id
+    assert sender_of(own, {}, own) == own  # not a copy: its own message
+    # Anyone else naming a sender is read as itself: nobody relays for another.
+    assert sender_of("saga-payments", {H_SENT_BY: "saga-inventory"}, own) == "saga-payments"
+    assert sender_of(None, {H_SENT_BY: own}, own) is None
