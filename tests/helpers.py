@@ -155,12 +155,18 @@ class Workers:
         self.started.append(worker)
         return worker.start(wait=wait)
 
-    def beat(self, name: str = "beat") -> WorkerProcess:
+    def beat(
+        self, name: str = "beat", *, wait: bool = True, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         worker = WorkerProcess(
-            "participants.app", name=name, env=self.env(), log_dir=self.log_dir, role="beat"
+            "participants.app",
+            name=name,
+            env={**self.env(), **(env or {})},
+            log_dir=self.log_dir,
+            role="beat",
         )
         self.started.append(worker)
-        return worker.start()
+        return worker.start(wait=wait)
 
     def orchestrator(self, **kw) -> WorkerProcess:
         return self.start("orchestrator", ["saga.replies", "saga.maintenance"], **kw)
@@ -315,7 +321,15 @@ class ServiceUsers:
     def close(self) -> None:
         for app in self.apps:
             app.close()
+        from saga_tasks import Settings
+        from saga_tasks.messaging.celery_config import forget_beat_state
         from saga_tasks.testing import RabbitAdmin
+
+        # A beat run as the orchestrator keeps its lease under that user's URL.
+        url = self.url("orchestrator")
+        forget_beat_state(
+            Settings.from_env({}, database_url=self.isolation.database_url, broker_url=url)
+        )
 
         admin = RabbitAdmin()
         for user in admin.users(self.prefix):

@@ -16,7 +16,7 @@ import pytest
 from saga_tasks.core.messages import OutboundMessage, command_headers
 from saga_tasks.core.states import MessageKind, SagaStatus, StepStatus
 from saga_tasks.messaging.topology import retry_queue
-from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
+from saga_tasks.runtime.holding import PARKING
 from saga_tasks.testing import wait_for
 from tests.helpers import (
     ORDER,
@@ -158,7 +158,8 @@ def test_forged_replies_and_commands_change_nothing_and_workers_need_no_configur
 @pytest.mark.demo_faults
 def test_a_participants_own_retries_and_dead_letters_are_believed(service_users, workers):
     """Its retry copies come back to it as its own (accepted), and its dead letter of its
-    own step is attested: the saga compensates, as with one shared user."""
+    own step is attested: the saga compensates, as with one shared user. Beat and the
+    intake run as the orchestrator's user."""
     orchestrator = service_users.app("orchestrator")
     for name, queues in (
         ("orchestrator", ["saga.replies", "saga.maintenance"]),
@@ -167,6 +168,7 @@ def test_a_participants_own_retries_and_dead_letters_are_believed(service_users,
         ("payments", ["payments.commands"]),
     ):
         workers.start(name, queues, wait=False, env=service_users.worker_env(name))
+    workers.beat(env=service_users.worker_env("orchestrator"))
     for worker in workers.started:
         worker.wait_ready()
     retried = orchestrator.start_saga(
@@ -177,11 +179,10 @@ def test_a_participants_own_retries_and_dead_letters_are_believed(service_users,
     )
 
     def ended() -> Any:
-        orchestrator.intake.take(DEAD_LETTER)
         statuses = [orchestrator.orchestrator.get(h.saga_id).status for h in (retried, dead)]
         return statuses == [SagaStatus.COMPLETED, SagaStatus.COMPENSATED] and statuses
 
-    wait_for(ended, timeout=50, describe="one saga completed after a retry, one compensated")
+    wait_for(ended, timeout=45, describe="one saga completed after a retry, one compensated")
     (letter,) = held(orchestrator)
     assert (letter["attested"], letter["published_by"]) == (True, service_users.user("inventory"))
     assert letter["reason"].startswith("retries exhausted (2) after")
