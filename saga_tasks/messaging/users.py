@@ -24,7 +24,9 @@ each worker's ``<node>.celery.pidbox`` queue on the ``celery.pidbox`` exchange, 
 replies of ``celery inspect`` (``reply.celery.pidbox``) and task events (``celeryev``).
 Only the orchestrator's user may publish to ``celery.pidbox``, i.e. send remote-control
 commands (``shutdown``, ``add_consumer``, ``revoke``): a participant worker must run
-``--without-mingle`` (mingle broadcasts a hello there) and ``--without-gossip``.
+``--without-mingle`` (mingle broadcasts a hello there) and ``--without-gossip``, and be
+named after its participant (``-n inventory@%h`` or ``-n inventory-2@%h``): it may
+consume only its own nodes' ``<node>.celery.pidbox`` queues.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ DEFAULT_EXCHANGE = "amq.default"
 """How permissions name the default exchange (publishing to a queue by its name)."""
 REMOTE_CONTROL = "celery.pidbox"
 """Celery's broadcast exchange of remote-control commands."""
+REPLY_CONTROL = "reply.celery.pidbox"
+"""Where workers answer ``celery inspect``."""
 EVENTS = "celeryev"
 """Celery's task and worker events exchange."""
 _PIDBOX = r".+\.celery\.pidbox"
@@ -161,11 +165,15 @@ def grants(topology: Topology, senders: Senders) -> list[Grant]:
         if queue is None:
             continue
         own_keys = re.escape(command_key_prefix(queue))
+        name = senders.participants[queue]
+        # Its workers' own pidbox queues only (nodes named <name>@host or <name>-<n>@host):
+        # another worker's remote-control messages are not for it to take.
+        own_node = rf"{re.escape(name)}(-[^@]*)?@.+\.celery\.pidbox"
         found.append(
             Grant(
                 user=user,
-                service=senders.participants[queue],
-                configure=_names(REMOTE_CONTROL, EVENTS, patterns=control),
+                service=name,
+                configure=_names(REMOTE_CONTROL, REPLY_CONTROL, EVENTS, patterns=(own_node,)),
                 write=_names(
                     REPLIES_EXCHANGE.name,
                     RETRY_EXCHANGE.name,
@@ -175,9 +183,10 @@ def grants(topology: Topology, senders: Senders) -> list[Grant]:
                     # came from; the topic permission below keeps those to its own queue.
                     COMMANDS_EXCHANGE.name,
                     EVENTS,
-                    patterns=control,
+                    REPLY_CONTROL,
+                    patterns=(own_node,),
                 ),
-                read=_names(queue, REMOTE_CONTROL, patterns=control),
+                read=_names(queue, REMOTE_CONTROL, patterns=(own_node,)),
                 topic_write=((COMMANDS_EXCHANGE.name, f"^{own_keys}"),),
             )
         )
@@ -188,6 +197,7 @@ __all__ = [
     "DEFAULT_EXCHANGE",
     "EVENTS",
     "REMOTE_CONTROL",
+    "REPLY_CONTROL",
     "Grant",
     "broker_user",
     "credentials",

@@ -12,6 +12,9 @@ import uuid
 from typing import Any
 
 import pytest
+from amqp.exceptions import AccessRefused
+from celery.utils.nodenames import gethostname
+from kombu import Connection
 
 from saga_tasks.core.messages import OutboundMessage, command_headers
 from saga_tasks.core.states import MessageKind, SagaStatus, StepStatus
@@ -44,6 +47,16 @@ def test_forged_replies_and_commands_change_nothing_and_workers_need_no_configur
         workers.start(name, queues, wait=False, env=users.worker_env(name))
     for worker in workers.started:
         worker.wait_ready()
+    # A participant can neither take the orchestrator worker's remote-control messages nor
+    # squat the queue name a restarted orchestrator worker would need.
+    for action in (
+        lambda ch: ch.basic_get(queue=f"orchestrator-1@{gethostname()}.celery.pidbox"),
+        lambda ch: ch.queue_declare(
+            queue=f"orchestrator-2@{gethostname()}.celery.pidbox", exclusive=True
+        ),
+    ):
+        with Connection(users.url("orders")) as conn, pytest.raises(AccessRefused):
+            action(conn.channel())
     handle = orchestrator.start_saga("order", "forged-replies", ORDER)
     saga_id = handle.saga_id
 

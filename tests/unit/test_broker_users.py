@@ -15,7 +15,7 @@ SENDERS = Senders(prefix="saga-", participants=QUEUES)
 
 TOPOLOGY = Topology(command_queues=tuple(sorted(QUEUES)), retry_tiers=(1, 10))
 GRANTS = {g.service: g for g in grants(TOPOLOGY, SENDERS)}
-CONTROL = ["celery.pidbox", "reply.celery.pidbox", "inventory@host.celery.pidbox", "celeryev"]
+CONTROL = ["celery.pidbox", "reply.celery.pidbox", "celeryev"]
 
 
 def may(expression: str, name: str) -> bool:
@@ -30,7 +30,8 @@ def test_no_service_may_configure_a_saga_exchange_or_queue():
     for grant in GRANTS.values():
         for name in saga_names:
             assert not may(grant.configure, name), (grant.user, name)
-        for name in CONTROL:
+        node = f"{grant.service}-1@host.celery.pidbox"  # its worker's remote-control queue
+        for name in [*CONTROL, node]:
             assert may(grant.configure, name), (grant.user, name)
 
 
@@ -38,7 +39,10 @@ def test_a_participant_reads_its_own_queue_only():
     inventory = GRANTS["inventory"]
     for name in [q.name for q in TOPOLOGY.all_queues()]:
         assert may(inventory.read, name) == (name == "inventory.commands"), name
-    assert may(inventory.read, "inventory-0@host.celery.pidbox")
+    for node in ("inventory@host", "inventory-0@host.example"):
+        assert may(inventory.read, f"{node}.celery.pidbox"), node
+    for node in ("orchestrator@host", "payments-1@host", "inventory2@host", "x.inventory@h"):
+        assert not may(inventory.read, f"{node}.celery.pidbox"), node
 
 
 def test_a_participant_writes_replies_retries_holds_and_never_remote_control():
