@@ -27,6 +27,10 @@ commands (``shutdown``, ``add_consumer``, ``revoke``): a participant worker must
 ``--without-mingle`` (mingle broadcasts a hello there) and ``--without-gossip``, and be
 named after its participant (``-n inventory@%h`` or ``-n inventory-2@%h``): it may
 consume only its own nodes' ``<node>.celery.pidbox`` queues.
+
+What the control plane still allows a participant, it allows for denial of service only:
+the shared exchanges (``celery.pidbox``, ``reply.celery.pidbox``, ``celeryev``) are
+declared by every worker, so every worker may configure (delete) them.
 """
 
 from __future__ import annotations
