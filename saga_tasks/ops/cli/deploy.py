@@ -96,7 +96,11 @@ def broker_declare(obj: Context) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Where to write one env file per service (<service>.env, mode 0600).",
 )
-@click.option("--api", help="Management API URL [default: http://<broker host>:15672/api].")
+@click.option(
+    "--api",
+    help="Management API URL [default: http://<broker host>:15672/api]; its login "
+    "is SAGA_BROKER_URL's.",
+)
 @click.option("--rotate", is_flag=True, help="Give every user a new password.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -111,7 +115,7 @@ def broker_users(obj: Context, env_dir: Path, api: str | None, rotate: bool, as_
 
     app = obj.app()
     url = app.settings.broker_url
-    user, password = credentials(url)
+    user, password = credentials(url) if "@" in url else ("guest", "guest")  # AMQP's default
     admin = RabbitAdmin(api=api or management_api(url), user=user, password=password)
     with errors():
         done = provision(
