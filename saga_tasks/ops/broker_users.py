@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from saga_tasks.config import mask_url
 from saga_tasks.core.senders import Senders
 from saga_tasks.errors import ConfigurationError
 from saga_tasks.messaging.admin import RabbitAdmin
@@ -59,7 +60,10 @@ def provision(
             f"{PREFIX_KEY} is empty: every process shares one broker user; set it (e.g. "
             "saga-) to give each service its own"
         )
-    vhost = vhost_of(admin_url)
+    try:
+        vhost = vhost_of(admin_url)
+    except ValueError as exc:
+        raise ConfigurationError(f"SAGA_BROKER_URL cannot be read: {mask_url(admin_url)}") from exc
     wanted = grants(topology, senders)
     env_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     done = []

@@ -76,6 +76,8 @@ def test_broker_urls_and_users():
     assert broker_user("amqp://guest:guest@127.0.0.1:5672//") == "guest"
     assert broker_user("amqp://127.0.0.1//") == "guest"
     assert broker_user("amqp://b%40x:p@h/v") == "b@x"
+    assert broker_user("amqp://guest:Pa/ss#w0rd@127.0.0.1:5999//") == "guest"
+    assert broker_user("amqp://a:b@h1//;amqp://c:d@h2//") == "a"
     url = service_url("amqp://admin:secret@rabbit:5672/saga", "saga-inventory", "p/w:@")
     assert url == "amqp://saga-inventory:p%2Fw%3A%40@rabbit:5672/saga"
     assert credentials(url) == ("saga-inventory", "p/w:@")
