@@ -319,21 +319,21 @@ class ServiceUsers:
         return {"SAGA_BROKER_URL": self.url(service), "SAGA_BROKER_USER_PREFIX": self.prefix}
 
     def close(self) -> None:
-        for app in self.apps:
-            app.close()
         from saga_tasks import Settings
         from saga_tasks.messaging.celery_config import forget_beat_state
         from saga_tasks.testing import RabbitAdmin
 
-        # A beat run as the orchestrator keeps its lease under that user's URL.
-        url = self.url("orchestrator")
-        forget_beat_state(
-            Settings.from_env({}, database_url=self.isolation.database_url, broker_url=url)
-        )
-
-        admin = RabbitAdmin()
-        for user in admin.users(self.prefix):
-            admin.delete_user(user)
+        try:
+            for app in self.apps:
+                app.close()
+            # A beat run as the orchestrator keeps its lease under that user's URL.
+            url = self.url("orchestrator")
+            db = self.isolation.database_url
+            forget_beat_state(Settings.from_env({}, database_url=db, broker_url=url))
+        finally:
+            admin = RabbitAdmin()
+            for user in admin.users(self.prefix):
+                admin.delete_user(user)
 
 
 def publish_as(url: str, exchange: str, routing_key: str, headers: dict, kwargs: dict, **props):
