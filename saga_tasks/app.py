@@ -27,11 +27,13 @@ from saga_tasks.config import Settings
 from saga_tasks.core.clock import Clock, SystemClock
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.registry import Registry
+from saga_tasks.core.senders import Senders
 from saga_tasks.errors import ConfigurationError, CrossParticipantCompensation
 from saga_tasks.messaging.celery_config import celery_app
 from saga_tasks.messaging.dispatcher import Dispatcher
 from saga_tasks.messaging.publisher import Publisher, task_message_encoder
-from saga_tasks.messaging.topology import Topology
+from saga_tasks.messaging.topology import Topology, participant_of
+from saga_tasks.messaging.users import broker_user
 from saga_tasks.observability.alerts import AlertScan, alerters_for
 from saga_tasks.observability.tracing import Tracing
 from saga_tasks.participant import Participant
@@ -80,11 +82,21 @@ class SagaApp:
         _check_owners(sagas, participants)
         self._owners = {p.schema: p.name for p in participants}
         queues = {p.queue for p in participants} | {q for d in sagas for q in d.queues}
+        prefix = self.settings.broker_user_prefix
         self.topology = Topology(
             command_queues=tuple(sorted(queues)),
             queue_type=self.settings.queue_type,
             retry_tiers=self.settings.retry_delays,
+            declare_on_use=not prefix,  # one user per service: only the deploy step declares
         )
+        consumer = {p.queue: p.name for p in reversed(participants)}
+        self.senders = Senders(
+            prefix=prefix,
+            participants={
+                q: consumer.get(q) or participant_of(q) for q in self.topology.command_queues
+            },
+        )
+        """Who may send what on the broker (``SAGA_BROKER_USER_PREFIX``)."""
         self._outlets: dict[int, Outlet] = {}
         self._lock = threading.Lock()
         self._wire()
@@ -109,6 +121,7 @@ class SagaApp:
             clock=clock,
             tracing=self.tracing,
             hooks=self.hooks,
+            senders=self.senders,
         )
         self.sweeper = Sweeper(
             engine=engine,
@@ -126,6 +139,7 @@ class SagaApp:
                 clock=clock,
                 tracing=self.tracing,
                 hooks=self.hooks,
+                senders=self.senders,
             )
             for p in self.participants.values()
         }
@@ -136,6 +150,8 @@ class SagaApp:
             broker_url=settings.broker_url,
             dead_lettered=self.orchestrator.dead_lettered,
             clock=clock,
+            senders=self.senders,
+            step_queue=self.orchestrator.step_queue,
         )
         self.replayer = Replayer(
             engine=engine,
@@ -175,6 +191,7 @@ class SagaApp:
             retry_delays=settings.retry_delays,
             unknown_error_retries=settings.unknown_error_retries,
             poison_limit=settings.poison_limit,
+            user=broker_user(settings.broker_url),
         )
 
     @property

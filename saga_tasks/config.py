@@ -62,6 +62,13 @@ class Settings:
         "amqp://guest:guest@127.0.0.1:5672//",
         "RabbitMQ carrying commands and replies.",
     )
+    broker_user_prefix: str = _env(
+        "SAGA_BROKER_USER_PREFIX",
+        "",
+        "Set (e.g. saga-): one RabbitMQ user per service, <prefix>orchestrator and "
+        "<prefix><participant>, and every message must come from the right one; empty: one "
+        "user for all (development: the broker is then no trust boundary).",
+    )
     result_backend: str = _env(
         "SAGA_RESULT_BACKEND",
         "redis://127.0.0.1:6379/0",
@@ -255,6 +262,8 @@ class Settings:
             check_url("SAGA_PARTICIPANT_DATABASE_URL", url.replace("{participant}", "p"))
         check_url("SAGA_BROKER_URL", self.broker_url)
         check_url("SAGA_RESULT_BACKEND", self.result_backend)
+        if not re.fullmatch(r"[A-Za-z0-9._-]*", self.broker_user_prefix):
+            raise ConfigurationError("SAGA_BROKER_USER_PREFIX: letters, digits, '.', '_', '-'")
         if self.queue_type not in ("classic", "quorum"):
             raise ConfigurationError(
                 f"SAGA_QUEUE_TYPE must be 'classic' or 'quorum', not {self.queue_type!r}"

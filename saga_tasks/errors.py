@@ -9,7 +9,8 @@
     │   │   ├── MissingQueue
     │   │   └── CrossParticipantCompensation  a step undone by another participant
     │   ├── UnknownDefinitionVersion  a running saga's definition is not loaded here
-    │   └── TopologyMismatch          a queue exists on the broker with other arguments
+    │   └── TopologyMismatch          a queue exists on the broker with other arguments,
+    │                                 or is missing where the deploy step declares it
     ├── InputError                    refuse: the caller sent something wrong (CLI exit 2)
     │   ├── UnknownSagaType
     │   ├── InvalidPayload
@@ -18,6 +19,7 @@
     │   ├── ActionRefused         an operator action that does not fit the saga's state
     │   └── VersionMismatch       --expect-version is not the saga's version
     ├── InvalidMessage                park: a message that makes no sense, never retried
+    │   └── SenderRefused             from a broker user that may not send it
     ├── ServiceUnavailable            retry: PostgreSQL, RabbitMQ or Redis cannot be reached
     │   └── PublishFailed             the broker did not confirm a publish
     ├── ConcurrencyConflict           retry: another transaction moved the saga first
@@ -83,7 +85,8 @@ class UnknownDefinitionVersion(ConfigurationError):
 
 
 class TopologyMismatch(ConfigurationError):
-    """A queue or exchange exists on the broker with arguments other than ours."""
+    """A queue or exchange exists on the broker with arguments other than ours, or is
+    missing where the deploy step (not the workers) declares the topology."""
 
 
 class InputError(SagaTasksError):
@@ -129,6 +132,11 @@ class InvalidMessage(SagaTasksError):
         super().__init__(reason)
         self.reason = reason
         self.context = context
+
+
+class SenderRefused(InvalidMessage):
+    """A message whose AMQP ``user_id`` is not a user allowed to send it (or is missing):
+    recorded, counted and parked like any invalid message; it changes nothing."""
 
 
 class ServiceUnavailable(SagaTasksError):

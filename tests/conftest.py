@@ -29,6 +29,7 @@ from tests.helpers import (
     RETRY_TIERS,
     SERVICE_MARKERS,
     TIME_SCALE,
+    ServiceUsers,
     Workers,
     build_order_app,
     demo_faults,
@@ -83,6 +84,8 @@ def template_database(services: None) -> Iterator[str]:
     admin = RabbitAdmin()
     for vhost in admin.vhosts(PREFIX):
         admin.delete_vhost(vhost)
+    for user in admin.users(PREFIX):  # made by `broker users` in a test that died half-way
+        admin.delete_user(user)
 
 
 @pytest.fixture
@@ -152,6 +155,19 @@ def fast_app(settings, workers, request):
     app = build_order_app(settings, time_scale=TIME_SCALE, faults=demo_faults(request))
     yield app
     app.close()
+
+
+@pytest.fixture
+def service_users(order_app, settings, isolation, tmp_path) -> Iterator[ServiceUsers]:
+    """One broker user per service: the topology declared as an administrator (by
+    ``order_app``), then ``saga-tasks broker users``; the users deleted after the test."""
+    found = ServiceUsers(isolation, settings, tmp_path / "env")
+    try:
+        made = found.users("--json")
+        assert made.returncode == 0, made.stderr
+        yield found
+    finally:
+        found.close()
 
 
 @pytest.fixture

@@ -3,7 +3,10 @@ processes, and reading rows back for assertions. Fixtures live in ``conftest.py`
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ __all__ = [
     "ORDER",
     "PARTICIPANTS",
     "PREFIX",
+    "ServiceUsers",
     "RETRY_TIERS",
     "TIME_SCALE",
     "Workers",
@@ -28,15 +32,19 @@ __all__ = [
     "assert_each_effect_once",
     "drain",
     "events",
+    "forged_reply",
     "held",
+    "publish_as",
     "reject_one",
     "statuses",
     "to_reserve",
     "participant_db",
     "pump",
+    "reserve_command_id",
     "rows",
     "run_command",
     "run_reply",
+    "saga_cli",
     "scalar",
 ]
 
@@ -169,12 +177,18 @@ class Workers:
         self.started.append(worker)
         return worker.start(wait=wait)
 
-    def beat(self, name: str = "beat") -> WorkerProcess:
+    def beat(
+        self, name: str = "beat", *, wait: bool = True, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         worker = WorkerProcess(
-            "participants.app", name=name, env=self.env(), log_dir=self.log_dir, role="beat"
+            "participants.app",
+            name=name,
+            env={**self.env(), **(env or {})},
+            log_dir=self.log_dir,
+            role="beat",
         )
         self.started.append(worker)
-        return worker.start()
+        return worker.start(wait=wait)
 
     def orchestrator(self, **kw) -> WorkerProcess:
         return self.start("orchestrator", ["saga.replies", "saga.maintenance"], **kw)
@@ -267,4 +281,143 @@ def held(app, holding: str = "dead_letter"):
     """The held messages of one holding, oldest first."""
     return rows(
         app.engine, "SELECT * FROM saga.held_message WHERE holding = :h ORDER BY id", h=holding
+    )
+
+
+# -- one broker user per service --------------------------------------------------------
+
+
+def saga_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "saga_tasks.ops.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+class ServiceUsers:
+    """The example deployment with one broker user per service, as the deploy step
+    (``saga-tasks broker users``, run as an administrator) left it; each user deleted by
+    ``close``."""
+
+    SERVICES = ("orchestrator", "orders", "inventory", "payments")
+
+    def __init__(self, isolation: Isolation, settings: Any, env_dir: Path) -> None:
+        self.isolation = isolation
+        self.admin_settings = settings
+        self.prefix = f"{isolation.ident}-"
+        self.env_dir = env_dir
+        self.apps: list[Any] = []
+
+    def deploy_env(self, **extra: str) -> dict[str, str]:
+        base = {
+            "SAGA_TASKS_APP": "participants.app:saga_app",
+            "SAGA_BROKER_USER_PREFIX": self.prefix,
+        }
+        return self.isolation.env(**{**base, **extra})
+
+    def users(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        return saga_cli(
+            "broker", "users", "--env-dir", str(self.env_dir), *extra, env=self.deploy_env()
+        )
+
+    def url(self, service: str) -> str:
+        for line in (self.env_dir / f"{service}.env").read_text().splitlines():
+            if line.startswith("SAGA_BROKER_URL="):
+                return line.partition("=")[2]
+        raise AssertionError(f"no SAGA_BROKER_URL in {service}.env")
+
+    def user(self, service: str) -> str:
+        return f"{self.prefix}{service}"
+
+    def app(self, service: str):
+        """The deployment as one service runs it: its own broker user, nothing declared."""
+        from participants import inventory, orders, payments
+        from participants.order_saga import order_saga
+        from saga_tasks import SagaApp, Settings
+
+        settings = Settings.from_env(
+            {},
+            **{
+                **{f: getattr(self.admin_settings, f) for f in ("database_url", "retry_tiers")},
+                "broker_url": self.url(service),
+                "broker_user_prefix": self.prefix,
+                "poison_limit": 2,
+            },
+        )
+        app = SagaApp(
+            sagas=[order_saga()],
+            participants=[orders.participant, inventory.participant, payments.participant],
+            settings=settings,
+        )
+        self.apps.append(app)
+        return app
+
+    def worker_env(self, service: str) -> dict[str, str]:
+        return {"SAGA_BROKER_URL": self.url(service), "SAGA_BROKER_USER_PREFIX": self.prefix}
+
+    def close(self) -> None:
+        from saga_tasks import Settings
+        from saga_tasks.messaging.celery_config import forget_beat_state
+        from saga_tasks.testing import RabbitAdmin
+
+        try:
+            for app in self.apps:
+                app.close()
+            # A beat run as the orchestrator keeps its lease under that user's URL.
+            url = self.url("orchestrator")
+            db = self.isolation.database_url
+            forget_beat_state(Settings.from_env({}, database_url=db, broker_url=url))
+        finally:
+            admin = RabbitAdmin()
+            for user in admin.users(self.prefix):
+                admin.delete_user(user)
+
+
+def publish_as(url: str, exchange: str, routing_key: str, headers: dict, kwargs: dict, **props):
+    """A Celery task message published as whoever ``url`` logs in as (confirmed)."""
+    body = json.dumps([[], kwargs, {"callbacks": None, "errbacks": None}]).encode()
+    with Connection(url) as conn:
+        channel = conn.channel()
+        channel.confirm_select()
+        message = channel.prepare_message(
+            body,
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers=headers,
+            properties={"delivery_mode": 2, **props},
+        )
+        channel.basic_publish(message, exchange=exchange, routing_key=routing_key, mandatory=True)
+        channel.close()
+
+
+def reserve_command_id(app, saga_id: str) -> str:
+    return str(app.orchestrator.get(saga_id).steps["reserve_stock"].command_id)
+
+
+def forged_reply(saga_id: str, command_id: str):
+    """A success for reserve_stock, as only the inventory participant should send it."""
+    from saga_tasks.core.messages import Command, reply_message
+    from saga_tasks.core.states import MessageKind, Outcome
+
+    command = Command(
+        message_id=str(uuid.uuid4()),
+        saga_id=saga_id,
+        step="reserve_stock",
+        kind=MessageKind.COMMAND,
+        command_id=command_id,
+        attempt=1,
+        correlation_id=saga_id,
+        payload={},
+        results={},
+    )
+    return reply_message(
+        command,
+        reply_id=str(uuid.uuid4()),
+        reply_queue="saga.replies",
+        outcome=Outcome.SUCCESS,
+        result={"reservation_id": "forged"},
     )

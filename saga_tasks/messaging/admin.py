@@ -1,4 +1,5 @@
-"""The broker itself: vhosts, and what a queue holds or who consumes it."""
+"""The broker itself: vhosts, users and their permissions, and what a queue holds or who
+consumes it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from saga_tasks.config import unavailable
 
 @dataclass
 class RabbitAdmin:
-    """Vhosts and queue counts, through the management API or, without it, ``rabbitmqctl``."""
+    """Vhosts and queue counts, through the management API or, without it, ``rabbitmqctl``;
+    users and permissions through the management API only (``rabbitmqctl`` would take a
+    password on its command line, where ``ps`` shows it)."""
 
     api: str = "http://127.0.0.1:15672/api"
     user: str = "guest"
@@ -65,6 +68,75 @@ class RabbitAdmin:
                 self._request("DELETE", f"/vhosts/{quote(name, safe='')}")
             return
         subprocess.run(["rabbitmqctl", "delete_vhost", name], check=False, capture_output=True)
+
+    # -- users: the management API only ---------------------------------------------------
+
+    def _managed(self, method: str, path: str, body: Any = None) -> Any:
+        """A management API call; its absence or a refusal is ``ServiceUnavailable``."""
+        try:
+            return self._request(method, path, body)
+        except urllib.error.HTTPError as exc:
+            raise unavailable(
+                "RabbitMQ management API", self.api, OSError(f"{method} {path}: HTTP {exc.code}")
+            ) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise unavailable("RabbitMQ management API", self.api, exc) from exc
+
+    def user_exists(self, name: str) -> bool:
+        try:
+            self._request("GET", f"/users/{quote(name, safe='')}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return False
+            raise unavailable(
+                "RabbitMQ management API", self.api, OSError(f"HTTP {exc.code}")
+            ) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise unavailable("RabbitMQ management API", self.api, exc) from exc
+        return True
+
+    def put_user(self, name: str, password: str) -> None:
+        """Create the user, or set its password; no tags (no management access)."""
+        self._managed("PUT", f"/users/{quote(name, safe='')}", {"password": password, "tags": ""})
+
+    def delete_user(self, name: str) -> None:
+        with contextlib.suppress(urllib.error.HTTPError):
+            self._request("DELETE", f"/users/{quote(name, safe='')}")
+
+    def users(self, prefix: str) -> list[str]:
+        return [u["name"] for u in self._managed("GET", "/users") if u["name"].startswith(prefix)]
+
+    def set_permissions(
+        self, vhost: str, user: str, *, configure: str, write: str, read: str
+    ) -> None:
+        self._managed(
+            "PUT",
+            f"/permissions/{quote(vhost, safe='')}/{quote(user, safe='')}",
+            {"configure": configure, "write": write, "read": read},
+        )
+
+    def set_topic_permissions(
+        self, vhost: str, user: str, *, exchange: str, write: str, read: str
+    ) -> None:
+        self._managed(
+            "PUT",
+            f"/topic-permissions/{quote(vhost, safe='')}/{quote(user, safe='')}",
+            {"exchange": exchange, "write": write, "read": read},
+        )
+
+    def permissions(self, vhost: str, user: str) -> dict[str, Any] | None:
+        """The user's permissions on ``vhost`` (configure, write, read), None if none."""
+        try:
+            found = self._request(
+                "GET", f"/permissions/{quote(vhost, safe='')}/{quote(user, safe='')}"
+            )
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise unavailable(
+                "RabbitMQ management API", self.api, OSError(f"HTTP {exc.code}")
+            ) from exc
+        return {k: found[k] for k in ("configure", "write", "read")}
 
     def vhosts(self, prefix: str) -> list[str]:
         if self.available():

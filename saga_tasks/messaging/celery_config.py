@@ -8,21 +8,41 @@ publisher confirms, and one beat at a time (a lease in Redis).
 from __future__ import annotations
 
 import hashlib
+from functools import cached_property
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.app.amqp import AMQP
 
 from saga_tasks.config import Settings, mask_url
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, Topology
+from saga_tasks.messaging.users import broker_user
 
 CONSUMER = "saga_tasks.worker.consumer:SagaConsumer"
 """The worker's consumer: parks what cannot even be decoded instead of dropping it."""
 
 
+class SignedAMQP(AMQP):
+    """Celery's message building, with the AMQP ``user_id`` property set to the user this
+    app connects as on every task message it makes: sent by our publisher, re-sent by
+    Celery for a lost pool child, or scheduled by beat. RabbitMQ refuses a publish whose
+    ``user_id`` is not the connection's user, so a consumer can tell who sent a message
+    (``saga_tasks.core.senders``)."""
+
+    @cached_property
+    def user_id(self) -> str:
+        return broker_user(str(self.app.conf.broker_url))
+
+    def as_task_v2(self, *args: Any, **kwargs: Any) -> Any:
+        message = super().as_task_v2(*args, **kwargs)
+        message.properties["user_id"] = self.user_id
+        return message
+
+
 def celery_app(name: str, settings: Settings, topology: Topology) -> Celery:
     """A Celery app with no tasks yet (``saga_tasks.worker`` registers them)."""
-    celery = Celery(name, set_as_current=False)
+    celery = Celery(name, set_as_current=False, amqp=f"{__name__}:SignedAMQP")
     celery.conf.update(celery_conf(settings, topology))
     return celery
 

@@ -24,6 +24,7 @@ from saga_tasks.config import mask_url
 from saga_tasks.core.messages import OutboundMessage, describe
 from saga_tasks.errors import PublishFailed
 from saga_tasks.messaging.topology import Topology
+from saga_tasks.messaging.users import broker_user
 
 log = logging.getLogger("saga_tasks.publisher")
 
@@ -93,6 +94,8 @@ class Publisher:
                     content_encoding=content_encoding or "binary",
                     delivery_mode=2,
                     mandatory=True,
+                    # Who sends it (RabbitMQ checks it against the connection's user).
+                    user_id=broker_user(str(self.app.conf.broker_url)),
                     retry=True,
                     retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
                     confirm_timeout=self.confirm_timeout,
@@ -134,14 +137,15 @@ def task_message_encoder(
     app: Celery, topology: Topology
 ) -> Callable[[OutboundMessage], tuple[str, str, Any]]:
     """Outbox messages as the bytes and properties ``send_task`` would publish: a
-    Celery protocol 2 task message, JSON, persistent, the task id as correlation id.
-    For the dispatcher, which publishes on a connection of its own."""
+    Celery protocol 2 task message, JSON, persistent, the task id as correlation id,
+    the app's ``user_id`` when it sets one. For the dispatcher, which publishes on a
+    connection of its own (to the same broker URL, so as the same user)."""
     as_task = app.amqp.as_task_v2
     origin = anon_nodename()
 
     def encode(message: OutboundMessage) -> tuple[str, str, Any]:
         queue = topology.queue(message.queue)
-        headers, _properties, body, _sent = as_task(
+        headers, properties, body, _sent = as_task(
             message.message_id,
             message.task_name,
             kwargs=dict(message.body),
@@ -152,6 +156,7 @@ def task_message_encoder(
         )
         headers.update(message.headers)
         routing_key = message.routing_key or topology.routing_key(message.queue, message.task_name)
+        signed = {"user_id": properties["user_id"]} if properties.get("user_id") else {}
         amqp_message = Message(
             dumps(body).encode(),
             content_type="application/json",
@@ -160,6 +165,7 @@ def task_message_encoder(
             delivery_mode=2,
             correlation_id=message.message_id,
             reply_to="",
+            **signed,
         )
         return queue.exchange.name, routing_key, amqp_message
 

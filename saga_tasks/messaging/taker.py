@@ -19,6 +19,8 @@ class RawMessage:
     content_type: str | None
     content_encoding: str | None
     body: bytes
+    user_id: str | None = None
+    """The broker user that published it, as RabbitMQ validated it; None if it set none."""
 
 
 def take(
@@ -50,6 +52,7 @@ def take(
                             content_type=properties.get("content_type"),
                             content_encoding=properties.get("content_encoding"),
                             body=body if isinstance(body, bytes) else str(body).encode(),
+                            user_id=_text(properties.get("user_id")),
                         )
                     )
                     if handled is False:
@@ -61,3 +64,9 @@ def take(
     except OSError as exc:
         raise unavailable("RabbitMQ", broker_url, exc) from exc
     return taken
+
+
+def _text(value: Any) -> str | None:
+    if not value:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -22,11 +22,11 @@ for clusters; it adds ``x-delivery-limit`` and at-least-once dead-lettering.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp.exceptions import PreconditionFailed
+from amqp.exceptions import NotFound, PreconditionFailed
 from kombu import Connection, Exchange, Queue
 
 from saga_tasks.config import unavailable
@@ -67,8 +67,13 @@ def command_routing_key(queue: str, task_name: str) -> str:
     return f"command.{participant_of(queue)}.{action}.v1"
 
 
+def command_key_prefix(queue: str) -> str:
+    """What every routing key of ``queue``'s commands starts with."""
+    return f"command.{participant_of(queue)}."
+
+
 def _binding(queue: str) -> str:
-    return f"command.{participant_of(queue)}.#"
+    return f"{command_key_prefix(queue)}#"
 
 
 @dataclass(frozen=True)
@@ -78,57 +83,45 @@ class Topology:
     command_queues: tuple[str, ...]
     queue_type: str = "classic"
     retry_tiers: tuple[int, ...] = RETRY_TIERS
+    declare_on_use: bool = True
+    """False where the deploy step declares the topology and no service may configure it
+    (one broker user per service): Celery's consumers and our publishers then never
+    declare (kombu ``no_declare``), workers only check it passively (``check``), and
+    ``declare`` is the deploy step's."""
     _queues: dict[str, Queue] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_queues", self._build(no_declare=not self.declare_on_use))
+
+    def _build(self, *, no_declare: bool) -> dict[str, Queue]:
         queues: dict[str, Queue] = {}
-        for name in self.command_queues:
+
+        def add(name: str, exchange: Exchange, routing_key: str, args: dict[str, Any]) -> None:
             queues[name] = Queue(
                 name,
-                COMMANDS_EXCHANGE,
-                routing_key=_binding(name),
+                exchange,
+                routing_key=routing_key,
                 durable=True,
-                queue_arguments=self._work_arguments(),
+                queue_arguments=args,
+                no_declare=no_declare,
             )
-        queues[REPLY_QUEUE] = Queue(
-            REPLY_QUEUE,
-            REPLIES_EXCHANGE,
-            routing_key=REPLY_ROUTING_KEY,
-            durable=True,
-            queue_arguments=self._work_arguments(),
-        )
-        queues[MAINTENANCE_QUEUE] = Queue(
+
+        for name in self.command_queues:
+            add(name, COMMANDS_EXCHANGE, _binding(name), self._work_arguments())
+        add(REPLY_QUEUE, REPLIES_EXCHANGE, REPLY_ROUTING_KEY, self._work_arguments())
+        add(
             MAINTENANCE_QUEUE,
             Exchange(MAINTENANCE_QUEUE, type="direct", durable=True),
-            routing_key=MAINTENANCE_QUEUE,
-            durable=True,
-            queue_arguments={"x-queue-type": self.queue_type},
+            MAINTENANCE_QUEUE,
+            {"x-queue-type": self.queue_type},
         )
         for work in (*self.command_queues, REPLY_QUEUE):
             for seconds in self.retry_tiers:
                 name = retry_queue(work, seconds)
-                queues[name] = Queue(
-                    name,
-                    RETRY_EXCHANGE,
-                    routing_key=name,
-                    durable=True,
-                    queue_arguments=self._retry_arguments(work, seconds),
-                )
-        queues[DEAD_LETTER_QUEUE] = Queue(
-            DEAD_LETTER_QUEUE,
-            DEAD_LETTER_EXCHANGE,
-            routing_key="#",
-            durable=True,
-            queue_arguments=self._holding_arguments(),
-        )
-        queues[PARKING_QUEUE] = Queue(
-            PARKING_QUEUE,
-            PARKING_EXCHANGE,
-            routing_key=PARKING_QUEUE,
-            durable=True,
-            queue_arguments=self._holding_arguments(),
-        )
-        object.__setattr__(self, "_queues", queues)
+                add(name, RETRY_EXCHANGE, name, self._retry_arguments(work, seconds))
+        add(DEAD_LETTER_QUEUE, DEAD_LETTER_EXCHANGE, "#", self._holding_arguments())
+        add(PARKING_QUEUE, PARKING_EXCHANGE, PARKING_QUEUE, self._holding_arguments())
+        return queues
 
     def _work_arguments(self) -> dict[str, Any]:
         args: dict[str, Any] = {
@@ -211,7 +204,7 @@ class Topology:
         raises ``TopologyMismatch`` with the broker's own explanation.
         """
         declared = []
-        for q in self._queues.values():
+        for q in self._build(no_declare=False).values():
             channel = connection.channel()
             try:
                 q(channel).declare()
@@ -225,6 +218,22 @@ class Topology:
                 _close_quietly(channel)
             declared.append(q.name)
         return declared
+
+    def check(self, connection: Connection, names: Iterable[str]) -> None:
+        """Raise ``TopologyMismatch`` naming the first of ``names`` the broker does not
+        have; passive declares, which need no permission (a worker that may not configure
+        the topology looks before it consumes)."""
+        for name in names:
+            channel: Any = connection.channel()
+            try:
+                channel.queue_declare(queue=name, passive=True)
+            except NotFound as exc:
+                raise TopologyMismatch(
+                    f"queue {name!r} is not declared on the broker; the deploy step declares "
+                    "the topology (saga-tasks broker declare, as an administrator)"
+                ) from exc
+            finally:
+                _close_quietly(channel)
 
 
 def _close_quietly(channel: Any) -> None:

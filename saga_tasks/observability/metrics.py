@@ -30,6 +30,12 @@ MESSAGES = Counter(
 INVALID_MESSAGES = Counter(
     "saga_invalid_messages_total", "Messages that made no sense", ["consumer"]
 )
+SENDERS_REFUSED = Counter(
+    "saga_sender_refused_total",
+    "Messages refused for their sender: no AMQP user_id, or a broker user that may not send "
+    "them (also counted as invalid)",
+    ["consumer"],
+)
 PUBLISH_FAILURES = Counter(
     "saga_publish_failures_total", "Publishes the broker did not confirm", ["path"]
 )

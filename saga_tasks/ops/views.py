@@ -214,4 +214,6 @@ def held_summary(row: dict[str, Any]) -> dict[str, Any]:
         "resolved_by": row["resolved_by"],
         "resolved_at": iso(row["resolved_at"]),
         "resolution": row["resolution"],
+        "published_by": row["published_by"],
+        "attested": row["attested"],
     }

@@ -218,6 +218,8 @@ held_message = Table(
     Column("resolved_at", DateTime(timezone=True)),
     Column("resolved_by", Text),
     Column("resolution", Text),
+    Column("published_by", Text),
+    Column("attested", Boolean, nullable=False, server_default=text("true")),
     UniqueConstraint("holding", "delivery_key", name="uq_held_delivery"),
     Index("ix_held_saga", "saga_id"),
     Index("ix_held_pending", "holding", "received_at", postgresql_where=text("status = 'pending'")),
@@ -227,6 +229,9 @@ held_message = Table(
 
 ``holding`` is ``dead_letter`` or ``parking``; ``delivery_key`` tells one arrival from
 another, so the intake can run again after a crash without recording a message twice.
+``published_by`` is the broker user that published it (its AMQP ``user_id``, which the
+broker checked), ``attested`` false when that user may not speak for its step: such a
+message moved no saga, and its reason is the publisher's claim.
 The body is kept as the broker delivered it, for replay; it never goes to logs.
 """
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.messages import OutboundMessage
+from saga_tasks.core.senders import H_SENT_BY
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import (
     DEAD_LETTER_QUEUE,
@@ -117,12 +118,15 @@ class Holding:
         content_encoding: str | None,
         reason: str,
         from_queue: str,
+        sent_by: str | None = None,
     ) -> None:
-        """Park bytes that could not even be read as a task message."""
+        """Park bytes that could not even be read as a task message; ``sent_by``: the
+        broker user that sent them (``core.senders.H_SENT_BY``), None for none."""
         marks = {
             H_PARKED_REASON: reason[:500],
             H_PARKED_FROM: from_queue,
             H_HELD_AT: self.clock.now().isoformat(),
+            H_SENT_BY: sent_by or "",
         }
         self._publisher().publish_raw(
             exchange=PARKING_EXCHANGE.name,

@@ -2,10 +2,21 @@
 
 A beat task moves each message of ``saga.dead_letter`` and ``saga.parking_lot`` into
 ``saga.held_message`` with what is known of its failure (reason, x-death count, first
-and last death, original queue and routing key, message id), and feeds a dead letter
-to its saga as an event, in the same transaction; the message is acked after that
-commits. A held message is never the end of the story: the saga's history and ``show``
-name it.
+and last death, original queue and routing key, message id, the broker user that
+published it), and feeds a dead letter to its saga as an event, in the same transaction;
+the message is acked after that commits. A held message is never the end of the story:
+the saga's history and ``show`` name it.
+
+What a held message says of itself (``x-death``, ``saga_dead_reason``) is only as good as
+its publisher: RabbitMQ 3.10 lets any publisher set those headers. What the broker does
+vouch for is the publisher's user (``user_id``, checked at publish). So with one broker
+user per service a held message moves its saga only when it is *attested*: published by
+the orchestrator's user (the broker dead-lettered one of its commands, or it held a
+message itself) or by the user of the participant that owns the step (its own holds, or
+its reply dead-lettered), and, for a service's hold, only when what it held came from
+such a sender too (``saga_sent_by``). Any other is stored with ``attested`` false, its
+reason shown as the publisher's claim, and a note in the saga's history; it moves nothing
+until an operator replays or discards it.
 """
 
 from __future__ import annotations
@@ -33,8 +44,10 @@ from saga_tasks.core.messages import (
     H_STEP,
     OutboundMessage,
 )
+from saga_tasks.core.model import SagaState
+from saga_tasks.core.senders import H_SENT_BY, OPEN, Senders, publisher
 from saga_tasks.core.states import MessageKind
-from saga_tasks.errors import ConcurrencyConflict, ServiceUnavailable
+from saga_tasks.errors import ConcurrencyConflict, ServiceUnavailable, UnknownDefinitionVersion
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.taker import RawMessage, take
 from saga_tasks.messaging.topology import QUORUM_DELIVERY_LIMIT
@@ -64,6 +77,8 @@ log = logging.getLogger("saga_tasks.runtime.intake")
 
 DeadLetterSink = Callable[[Connection, str, DeadLettered], list[OutboundMessage]]
 """Feeds a dead letter to its saga inside the intake's transaction (the orchestrator's)."""
+StepQueue = Callable[[SagaState, str], "str | None"]
+"""The queue of a saga's step (its participant owns it); None for no such step."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +104,16 @@ class Intake:
         broker_url: str,
         dead_lettered: DeadLetterSink,
         clock: Clock,
+        senders: Senders = OPEN,
+        step_queue: StepQueue = lambda _state, _step: None,
     ) -> None:
         self._engine = engine
         self._publisher = publisher
         self.broker_url = broker_url
         self._dead_lettered = dead_lettered
         self.clock = clock
+        self.senders = senders
+        self._step_queue = step_queue
 
     def take(self, holding: str, *, limit: int = 500) -> IntakeReport:
         """Move up to ``limit`` messages from a holding queue into the database.
@@ -192,7 +211,7 @@ class Intake:
                 "held message stored escaped: %s", ", ".join(escaped), extra=_log_fields(headers)
             )
         try:
-            return self._store(holding, values, facts)
+            return self._store(holding, values, facts, message.user_id)
         except (ServiceUnavailable, ConcurrencyConflict):
             raise
         except Exception as exc:
@@ -210,10 +229,14 @@ class Intake:
                 "body": base64.b64encode(body).decode(),
                 "body_base64": True,
             }
-            return self._store(holding, reduced, None)
+            return self._store(holding, reduced, None, message.user_id)
 
     def _store(
-        self, holding: str, values: dict[str, Any], facts: Mapping[str, Any] | None
+        self,
+        holding: str,
+        values: dict[str, Any],
+        facts: Mapping[str, Any] | None,
+        sender: str | None,
     ) -> tuple[bool, bool]:
         """Insert the row; feed a dead letter to its saga, or note a parked one on it."""
         saga_id = facts["saga_id"] if facts is not None else None
@@ -221,13 +244,24 @@ class Intake:
         fed = False
         engine = self._engine()
         with translated(engine.url), engine.begin() as conn:
-            if saga_id is not None and sagas.load(conn, saga_id) is None:
+            state = sagas.load(conn, saga_id) if saga_id is not None else None
+            if state is None:
                 saga_id = None
+            doubt = self._doubt(holding, sender, state, facts)
+            values = {
+                **values,
+                "published_by": storable.optional_text(sender),
+                "attested": doubt is None,
+            }
+            if doubt is not None:
+                values["reason"] = f"not attested: {doubt}; it claims: {values['reason']}"[:1000]
             held_id = held_sql.insert_new(conn, values, saga_id)
             if held_id is None:
                 return False, False  # taken before, and acked too late: nothing more to do
             if facts is None or saga_id is None:
                 pass
+            elif doubt is not None:
+                self._not_attested(conn, saga_id, held_id, doubt, facts)
             elif holding == DEAD_LETTER and facts["kind"] is not None:
                 messages, fed = self._feed(conn, saga_id, held_id, facts)
             else:
@@ -242,6 +276,57 @@ class Intake:
         if messages:
             deliver(engine, saga_outbox, self._publisher(), messages)
         return True, fed
+
+    def _doubt(
+        self,
+        holding: str,
+        sender: str | None,
+        state: SagaState | None,
+        facts: Mapping[str, Any] | None,
+    ) -> str | None:
+        """Why a held message is not attested (see the module docstring); None if it is."""
+        what = "dead letter" if holding == DEAD_LETTER else "parked message"
+        if state is None or facts is None:
+            return self.senders.stranger(sender, what)
+        step = facts["step"]
+        try:
+            queue = self._step_queue(state, step) if step else None
+        except UnknownDefinitionVersion:
+            queue = None  # who owns the step is unknown here: only the orchestrator counts
+        if step:
+            what = f"{what} of step {step!r}"
+        doubt = self.senders.refusal(sender, queue, what)
+        if doubt is None and holding == DEAD_LETTER and facts["sent_by"] is not None:
+            # Held by a service that may speak for the step: the message it held must
+            # have come from a sender that may too, or the hold would launder it.
+            held_by = f"{what}, held by {publisher(sender)},"
+            doubt = self.senders.refusal(facts["sent_by"] or None, queue, held_by)
+        return doubt
+
+    def _not_attested(
+        self,
+        conn: Connection,
+        saga_id: str,
+        held_id: int,
+        doubt: str,
+        facts: Mapping[str, Any],
+    ) -> None:
+        """A held message the broker does not vouch for: a note on its saga, nothing more."""
+        fields = {"saga_id": saga_id, "message_id": facts["message_id"], "held_id": held_id}
+        metrics.SENDERS_REFUSED.labels(consumer=INTAKE).inc()
+        metrics.MESSAGES.labels(consumer=INTAKE, classification="held_not_attested").inc()
+        log.warning("held message not attested; it moves no saga: %s", doubt, extra=fields)
+        sagas.append_note_if_exists(
+            conn,
+            saga_id,
+            event="held_not_attested",
+            reason=(
+                f"held message {held_id} not attested, so not fed to the saga (an operator "
+                f"replays or discards it): {doubt}"
+            )[:1000],
+            message_id=facts["message_id"],
+            now=self.clock.now(),
+        )
 
     def _feed(
         self, conn: Connection, saga_id: str, held_id: int, facts: Mapping[str, Any]
@@ -321,8 +406,11 @@ def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
         queue = headers.get(H_DEAD_FROM) or latest.get("queue")
     routing_keys = _as_list(latest.get("routing-keys"))
     queue = storable.optional_text(queue)
+    sent_by = headers.get(H_SENT_BY)
     return {
         "message_id": storable.optional_text(headers.get("id")),
+        # A service's hold names who sent what it held (None: not a service's copy).
+        "sent_by": None if sent_by is None else str(sent_by),
         "saga_id": saga_id,
         "step": storable.optional_text(headers.get(H_STEP)),
         "kind": kind,

@@ -24,16 +24,18 @@ from sqlalchemy.orm import Session
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.decider import CommandIntent, Decision, decide
 from saga_tasks.core.definitions import SagaDefinition
-from saga_tasks.core.events import DeadLettered, Event, OperatorAction, Started
+from saga_tasks.core.events import DeadLettered, Event, OperatorAction, ReplyReceived, Started
 from saga_tasks.core.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.core.model import SagaState, new_id_key
 from saga_tasks.core.registry import Registry
+from saga_tasks.core.senders import OPEN, Senders
 from saga_tasks.core.states import TERMINAL_SAGA, Classification, SagaStatus
 from saga_tasks.errors import (
     BusinessKeyConflict,
     InputError,
     InvalidMessage,
     SagaNotFound,
+    SenderRefused,
     ServiceUnavailable,
     VersionMismatch,
 )
@@ -78,8 +80,10 @@ class Orchestrator:
         clock: Clock,
         tracing: Tracing = OFF,
         hooks: Hooks = NO_HOOKS,
+        senders: Senders = OPEN,
     ) -> None:
         self.hooks = hooks
+        self.senders = senders
         self._engine = engine
         self.registry = registry
         self.topology = topology
@@ -265,17 +269,23 @@ class Orchestrator:
         routing_key: str | None = None,
         redelivered: bool = False,
         raise_invalid: bool = False,
+        sender: str | None = None,
     ) -> Classification:
         """Apply one reply; every outcome is written down.
 
-        A message that makes no sense is recorded and returns INVALID, or with
+        A message that makes no sense, or comes from a broker user (``sender``, its AMQP
+        ``user_id``) that may not send it, is recorded and returns INVALID, or with
         ``raise_invalid`` raises ``InvalidMessage`` (so the worker parks it).
         """
         step = (headers or {}).get("saga_step")
         traceparent = (headers or {}).get("traceparent")
         with self.tracing.span(f"saga.reply {step}", traceparent, **tracing.attributes(headers)):
             try:
+                self._refuse_sender(self.senders.stranger(sender, "reply"))
                 saga_id, reply = parse_reply(message_id, headers, body)
+                return self._handle_reply(
+                    saga_id, reply, message_id, redelivered=redelivered, sender=sender
+                )
             except InvalidMessage as exc:
                 invalid.record(
                     self.engine,
@@ -291,62 +301,77 @@ class Orchestrator:
                 if raise_invalid:
                     raise
                 return Classification.INVALID
-            now = self.clock.now()
-            messages: list[OutboundMessage] = []
-            with translated(self.engine.url), self.engine.begin() as conn:
-                new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
-                if not new:
-                    if state is not None:
-                        sagas.append_note(
-                            conn,
-                            state,
-                            event="duplicate_message",
-                            reason="message already consumed",
-                            message_id=message_id,
-                            now=now,
-                        )
-                    metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
-                    fields: dict[str, Any] = {"saga_id": saga_id, "message_id": message_id}
-                    if state is not None:
-                        fields = log_fields(
-                            state, message_id, status_before=state.status, status_after=state.status
-                        )
-                    log.info("duplicate message ignored", extra={**fields, "step": reply.step})
-                    return Classification.DUPLICATE
-                if state is None:
-                    reason = f"reply for unknown saga {saga_id}"
-                else:
-                    decision, messages = self._apply(
-                        conn, state, reply, now, causation_id=message_id
+
+    @staticmethod
+    def _refuse_sender(reason: str | None) -> None:
+        """Raise ``SenderRefused`` (counted) with ``reason``, if there is one."""
+        if reason is not None:
+            metrics.SENDERS_REFUSED.labels(consumer=ORCHESTRATOR).inc()
+            raise SenderRefused(reason)
+
+    def step_queue(self, state: SagaState, step: str) -> str | None:
+        """The queue of ``step`` in the saga's definition: its participant owns it."""
+        definition = self.registry.get(state.saga_type, state.definition_version)
+        found = definition.by_name.get(step)
+        return found.queue if found is not None else None
+
+    def _handle_reply(
+        self,
+        saga_id: str,
+        reply: ReplyReceived,
+        message_id: str,
+        *,
+        redelivered: bool,
+        sender: str | None,
+    ) -> Classification:
+        """``handle_reply`` once the reply is read; a refused sender rolls back all it did."""
+        now = self.clock.now()
+        messages: list[OutboundMessage] = []
+        with translated(self.engine.url), self.engine.begin() as conn:
+            new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
+            if state is not None and self.senders.enforced:
+                # The inbox claim and the lock roll back with this: a refused reply
+                # leaves no trace but its record, and cannot pre-empt a real one.
+                step_queue = self.step_queue(state, reply.step)
+                what = f"reply for step {reply.step!r}"
+                self._refuse_sender(self.senders.refusal(sender, step_queue, what))
+            if not new:
+                if state is not None:
+                    sagas.append_note(
+                        conn,
+                        state,
+                        event="duplicate_message",
+                        reason="message already consumed",
+                        message_id=message_id,
+                        now=now,
                     )
-                    reason = next((h.reason or "" for h in decision.history), "")
-            if state is None or decision.classification is Classification.INVALID:
-                invalid.record(
-                    self.engine,
-                    consumer=ORCHESTRATOR,
-                    reason=reason,
-                    queue=REPLY_QUEUE,
-                    routing_key=routing_key,
-                    task_name="saga_tasks.reply",
-                    message_id=message_id,
-                    headers=headers,
-                    body=body,
-                )
-                if raise_invalid:
-                    raise InvalidMessage(reason)
-                return Classification.INVALID
-            observe(state, decision, message_id)
-            probe = None
-            if not redelivered and decision.classification is Classification.ACCEPTED:
-                fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
-                probe = self.hooks.reply(state, reply.step, fields)
-            if probe is not None:
-                probe.committed()
-            outlet = self._outlet()
-            outlet.send(saga_outbox, messages)
-            if probe is not None:
-                probe.sent(outlet.flush)
-            return decision.classification
+                metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
+                fields: dict[str, Any] = {"saga_id": saga_id, "message_id": message_id}
+                if state is not None:
+                    fields = log_fields(
+                        state, message_id, status_before=state.status, status_after=state.status
+                    )
+                log.info("duplicate message ignored", extra={**fields, "step": reply.step})
+                return Classification.DUPLICATE
+            if state is None:
+                reason = f"reply for unknown saga {saga_id}"
+            else:
+                decision, messages = self._apply(conn, state, reply, now, causation_id=message_id)
+                reason = next((h.reason or "" for h in decision.history), "")
+        if state is None or decision.classification is Classification.INVALID:
+            raise InvalidMessage(reason)  # recorded by handle_reply
+        observe(state, decision, message_id)
+        probe = None
+        if not redelivered and decision.classification is Classification.ACCEPTED:
+            fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
+            probe = self.hooks.reply(state, reply.step, fields)
+        if probe is not None:
+            probe.committed()
+        outlet = self._outlet()
+        outlet.send(saga_outbox, messages)
+        if probe is not None:
+            probe.sent(outlet.flush)
+        return decision.classification
 
     def _apply(
         self,

@@ -32,8 +32,9 @@ from saga_tasks.core.messages import (
     parse_command,
     reply_message,
 )
+from saga_tasks.core.senders import OPEN, Senders
 from saga_tasks.core.states import MessageKind, Outcome
-from saga_tasks.errors import BusinessRejection, InvalidMessage
+from saga_tasks.errors import BusinessRejection, InvalidMessage, SenderRefused
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import REPLY_QUEUE
 from saga_tasks.observability import metrics, tracing
@@ -97,8 +98,10 @@ class ParticipantRuntime:
         clock: Clock,
         tracing: Tracing = OFF,
         hooks: Hooks = NO_HOOKS,
+        senders: Senders = OPEN,
     ) -> None:
         self.participant = participant
+        self.senders = senders
         self._engine = engine
         self._publisher = publisher
         self._outlet = outlet
@@ -116,18 +119,27 @@ class ParticipantRuntime:
         body: Any,
         redelivered: bool,
         raise_invalid: bool = False,
+        sender: str | None = None,
     ) -> str:
         """Handle one delivery; return what happened (for logs and tests).
 
-        A message that makes no sense is counted and logged and returns ``"invalid"``, or
-        with ``raise_invalid`` raises ``InvalidMessage``: the worker parks it, and the
-        orchestrator's intake keeps it with its reason.
+        A message that makes no sense, or comes from a broker user (``sender``, its AMQP
+        ``user_id``) other than the orchestrator's or this participant's own, is counted
+        and logged and returns ``"invalid"``, or with ``raise_invalid`` raises
+        ``InvalidMessage``: the worker parks it, and the orchestrator's intake keeps it with
+        its reason; nothing runs.
         """
         traceparent = (headers or {}).get("traceparent")
         name = f"saga.command {handler.task_name}"
         with self.tracing.span(name, traceparent, **tracing.attributes(headers)):
             engine = self._engine()
             try:
+                refused = self.senders.refusal(
+                    sender, self.participant.queue, f"command for {handler.task_name}"
+                )
+                if refused is not None:
+                    metrics.SENDERS_REFUSED.labels(consumer=self.participant.name).inc()
+                    raise SenderRefused(refused)
                 command = parse_command(message_id, headers, body)
                 if command.kind is not handler.kind:
                     raise InvalidMessage(

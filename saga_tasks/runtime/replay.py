@@ -22,6 +22,7 @@ from saga_tasks.core.decider import replay_awaits
 from saga_tasks.core.events import OperatorAction, OperatorVerb
 from saga_tasks.core.messages import H_COMMAND_ID, OutboundMessage
 from saga_tasks.core.model import SagaState
+from saga_tasks.core.senders import H_SENT_BY, publisher
 from saga_tasks.core.states import TERMINAL_SAGA, MessageKind
 from saga_tasks.errors import ActionRefused, ConfigurationError, InputError, ServiceUnavailable
 from saga_tasks.messaging.publisher import Publisher
@@ -106,6 +107,19 @@ class Replayer:
                 )
             )
         checks.append(Check("failure", f"held because: {row['reason']}", False))
+        sent_by = publisher(row.get("published_by"))
+        if row.get("attested", True) is False:
+            checks.append(
+                Check(
+                    "sender",
+                    f"not attested: published by {sent_by}, which may not speak for its step "
+                    "(the broker did not dead-letter it from a service's message, and no "
+                    "service held it); it moved no saga: check what it claims, then force",
+                    True,
+                )
+            )
+        else:
+            checks.append(Check("sender", f"published by {sent_by}", False))
         stored_as = (row["headers"] or {}).get(H_STORED_ESCAPED)
         if stored_as:
             checks.append(
@@ -245,7 +259,11 @@ class Replayer:
     ) -> None:
         held_id = row["id"]
         body = base64.b64decode(row["body"]) if row["body_base64"] else (row["body"] or "").encode()
-        headers = {**clean_headers(row["headers"]), H_REPLAYED_FROM: str(held_id)}
+        # Sent again as the operator's process: it vouches for the message now.
+        headers = {
+            **{k: v for k, v in clean_headers(row["headers"]).items() if k != H_SENT_BY},
+            H_REPLAYED_FROM: str(held_id),
+        }
         self._publisher().publish_raw(
             exchange="",
             routing_key=row["original_queue"],

@@ -23,14 +23,21 @@ if TYPE_CHECKING:
 
 
 def drain(broker_url: str, queue: str, limit: int = 100) -> list[dict[str, Any]]:
-    """Take up to ``limit`` messages off ``queue`` (acked), as ``{headers, kwargs, args}``,
-    once this process's queued publishes are confirmed."""
+    """Take up to ``limit`` messages off ``queue`` (acked), as ``{headers, kwargs, args,
+    user_id}``, once this process's queued publishes are confirmed."""
     flush_all()
     found: list[dict[str, Any]] = []
 
     def keep(message: RawMessage) -> bool:
         args, kwargs, _embed = json.loads(message.body)
-        found.append({"headers": dict(message.headers), "kwargs": kwargs, "args": args})
+        found.append(
+            {
+                "headers": dict(message.headers),
+                "kwargs": kwargs,
+                "args": args,
+                "user_id": message.user_id,
+            }
+        )
         return True
 
     take(broker_url, queue, keep, limit=limit)
@@ -48,13 +55,17 @@ def run_command(app: SagaApp, message: Mapping[str, Any], *, redelivered: bool =
         headers=message["headers"],
         body=message["kwargs"],
         redelivered=redelivered,
+        sender=message.get("user_id"),
     )
 
 
 def run_reply(app: SagaApp, message: Mapping[str, Any]) -> Classification:
     """Hand a drained reply to the orchestrator, as the reply task does."""
     return app.orchestrator.handle_reply(
-        message["headers"]["id"], message["headers"], message["kwargs"]
+        message["headers"]["id"],
+        message["headers"],
+        message["kwargs"],
+        sender=message.get("user_id"),
     )
 
 

@@ -110,6 +110,7 @@ class SagaConsumer(ImmediateAckConsumer):
                 or getattr(message, "content_encoding", None),
                 reason=reason,
                 from_queue=queue or str(delivery.get("routing_key") or "?"),
+                sent_by=parts.failures.sender(message),
             )
         except Exception:
             # The broker away, or headers it will not take back: the original goes to the

@@ -20,7 +20,9 @@
 A retry is a copy of the message published to ``<queue>.retry.<n>s`` (confirmed),
 after which the original is acked: no countdown is ever held in a worker's memory.
 Dead-lettering and parking publish a copy with the reason in its headers, then ack;
-the intake moves it into the database and tells its saga.
+the intake moves it into the database and tells its saga. Every copy names the broker
+user that sent the original (``saga_sent_by``): the copy goes out as this worker's own
+user, and must not come back vouched for by it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from celery.exceptions import Ignore, Reject
 from sqlalchemy import Engine, Table
 
 from saga_tasks.core.messages import H_SAGA_ID, OutboundMessage
+from saga_tasks.core.senders import H_SENT_BY, sender_of
 from saga_tasks.errors import InvalidMessage, PublishFailed, SagaTasksError, ServiceUnavailable
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.messaging.topology import retry_queue
@@ -63,17 +66,12 @@ class Parked(Exception):
         self.reason = reason
 
 
-def _message(request: Any, queue: str, extra: dict[str, Any] | None = None) -> OutboundMessage:
-    headers = clean_headers(request.headers or {})
-    headers.update(extra or {})
-    return OutboundMessage(
-        message_id=request.id,
-        task_name=request.task,
-        queue=queue,
-        headers=headers,
-        body=dict(request.kwargs or {}),
-        saga_id=headers.get(H_SAGA_ID),
-    )
+def user_id(request: Any) -> str | None:
+    """The AMQP ``user_id`` a delivery carries (RabbitMQ validated it at publish)."""
+    value = (getattr(request, "properties", None) or {}).get("user_id")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value) if value else None
 
 
 def _fields(request: Any) -> dict[str, Any]:
@@ -107,6 +105,28 @@ class FailurePolicy:
     retry_delays: Sequence[int]
     unknown_error_retries: int
     poison_limit: int
+    user: str = ""
+    """The broker user this process publishes as: a delivery from it is its own copy."""
+
+    def sender(self, request: Any) -> str | None:
+        """Who the delivery comes from (``core.senders.sender_of``)."""
+        return sender_of(user_id(request), request.headers, self.user)
+
+    def _message(
+        self, request: Any, queue: str, extra: dict[str, Any] | None = None
+    ) -> OutboundMessage:
+        """A copy of the delivery for ``queue``, naming who sent the original."""
+        headers = clean_headers(request.headers or {})
+        headers.update(extra or {})
+        headers[H_SENT_BY] = self.sender(request) or ""
+        return OutboundMessage(
+            message_id=request.id,
+            task_name=request.task,
+            queue=queue,
+            headers=headers,
+            body=dict(request.kwargs or {}),
+            saga_id=headers.get(H_SAGA_ID),
+        )
 
     @contextmanager
     def guard(self, request: Any, queue: str) -> Iterator[None]:
@@ -122,7 +142,7 @@ class FailurePolicy:
                 reason = f"{POISON}redelivered {count} times, its worker died each time"
                 log.error("dead-lettering a poison message: %s", reason, extra=_fields(request))
                 self.holding.hold(
-                    _message(request, queue),
+                    self._message(request, queue),
                     holding=DEAD_LETTER,
                     reason=reason,
                     from_queue=queue,
@@ -133,7 +153,10 @@ class FailurePolicy:
             yield
         except (Parked, InvalidMessage) as parked:
             self.holding.hold(
-                _message(request, queue), holding=PARKING, reason=parked.reason, from_queue=queue
+                self._message(request, queue),
+                holding=PARKING,
+                reason=parked.reason,
+                from_queue=queue,
             )
             log.warning("message parked: %s", parked.reason, extra=_fields(request))
         except ServiceUnavailable as exc:
@@ -167,7 +190,7 @@ class FailurePolicy:
         reason = f"retries exhausted ({retries}) after {what}"
         log.error("dead-lettering: %s", reason, extra=_fields(request))
         self.holding.hold(
-            _message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue
+            self._message(request, queue), holding=DEAD_LETTER, reason=reason, from_queue=queue
         )
 
     def _count_redelivery(self, consumer: str, message_id: str) -> int:
@@ -184,7 +207,7 @@ class FailurePolicy:
         The broker's error if it refused the copy: only then is the original handed back
         to it (``Reject(requeue=True)``), as nothing else can keep it."""
         target = retry_queue(queue, delay)
-        copy = _message(request, target, extra)
+        copy = self._message(request, target, extra)
         result = self.publisher().publish(
             [OutboundMessage(**{**copy.__dict__, "routing_key": target})]
         )
@@ -227,4 +250,4 @@ class FailurePolicy:
         )
 
 
-__all__ = ["H_OUTAGE", "H_RETRY", "Counter", "FailurePolicy", "Parked"]
+__all__ = ["H_OUTAGE", "H_RETRY", "Counter", "FailurePolicy", "Parked", "user_id"]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import Celery, Task, bootsteps
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
@@ -26,8 +26,15 @@ from celery.signals import (
 
 from saga_tasks.config import Settings
 from saga_tasks.core.messages import REPLY_TASK
+from saga_tasks.core.senders import H_SENT_BY
 from saga_tasks.errors import ServiceUnavailable
-from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, REPLY_QUEUE, Topology
+from saga_tasks.messaging.topology import (
+    DEAD_LETTER_QUEUE,
+    MAINTENANCE_QUEUE,
+    PARKING_QUEUE,
+    REPLY_QUEUE,
+    Topology,
+)
 from saga_tasks.observability.alerts import AlertScan
 from saga_tasks.observability.logs import configure_logging
 from saga_tasks.observability.metrics import serve_worker_metrics
@@ -90,10 +97,11 @@ def register(celery: Celery, parts: WorkerParts) -> None:
     celery.saga_parts = parts  # type: ignore[attr-defined]
     celery.steps["consumer"].add(DeclareTopology)
     celery.steps["consumer"].add(ParticipantUpkeep)
-    _register_orchestrator_tasks(celery, parts)
+    base = _message_task(celery, parts.failures)
+    _register_orchestrator_tasks(celery, parts, base)
     for runtime in parts.runtimes.values():
         for handler in runtime.participant.handlers.values():
-            _register_handler(celery, parts.failures, runtime, handler)
+            _register_handler(celery, parts.failures, runtime, handler, base)
     _connect_logging(settings)
     _flush_on_shutdown(parts.flush)
     if settings.metrics_port:
@@ -120,11 +128,43 @@ def _serve_metrics_when_ready(celery: Celery, port: int) -> None:
     worker_ready.connect(serve, weak=False)
 
 
-def _register_orchestrator_tasks(celery: Celery, parts: WorkerParts) -> None:
+def _message_task(celery: Celery, failures: FailurePolicy) -> type[Task[Any, Any]]:
+    """The base of the tasks that consume saga messages.
+
+    When a pool child is lost, Celery re-sends the task (``task_retry_on_worker_lost``)
+    as this worker's own broker user; the re-send names the sender of the original, as
+    the failure policy's copies do, so the worker does not vouch for it on its return.
+    """
+
+    class MessageTask(celery.Task):  # type: ignore[name-defined,misc]
+        def signature_from_request(
+            self,
+            request: Any = None,
+            args: Any = None,
+            kwargs: Any = None,
+            queue: Any = None,
+            **extra_options: Any,
+        ) -> Any:
+            signature = super().signature_from_request(
+                request, args, kwargs, queue, **extra_options
+            )
+            origin = self.request if request is None else request
+            headers = dict(signature.options.get("headers") or {})
+            headers[H_SENT_BY] = failures.sender(origin) or ""
+            signature.options["headers"] = headers
+            return signature
+
+    return MessageTask
+
+
+def _register_orchestrator_tasks(
+    celery: Celery, parts: WorkerParts, base: type[Task[Any, Any]]
+) -> None:
     orchestrator, failures = parts.orchestrator, parts.failures
 
     @celery.task(
         name=REPLY_TASK,
+        base=base,
         bind=True,
         queue=REPLY_QUEUE,
         max_retries=WORKER_LOST_RETRIES,
@@ -143,6 +183,7 @@ def _register_orchestrator_tasks(celery: Celery, parts: WorkerParts) -> None:
                 routing_key=delivery.get("routing_key"),
                 redelivered=bool(delivery.get("redelivered")),
                 raise_invalid=True,
+                sender=failures.sender(self.request),
             ).value
         return outcome  # noqa: RET504 - the policy may end the body early
 
@@ -190,7 +231,11 @@ def _register_orchestrator_tasks(celery: Celery, parts: WorkerParts) -> None:
 
 
 def _register_handler(
-    celery: Celery, failures: FailurePolicy, runtime: ParticipantRuntime, handler: Handler
+    celery: Celery,
+    failures: FailurePolicy,
+    runtime: ParticipantRuntime,
+    handler: Handler,
+    base: type[Task[Any, Any]],
 ) -> None:
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
         request = self.request
@@ -205,12 +250,14 @@ def _register_handler(
                 body=body,
                 redelivered=bool(delivery.get("redelivered")) or bool(request.retries),
                 raise_invalid=True,
+                sender=failures.sender(request),
             )
         return outcome  # noqa: RET504 - the policy may end the body early
 
     run.__doc__ = (handler.fn.__doc__ or "").strip() or f"{handler.task_name} command handler"
     celery.task(
         name=handler.task_name,
+        base=base,
         bind=True,
         queue=handler.queue,
         max_retries=WORKER_LOST_RETRIES,
@@ -219,7 +266,9 @@ def _register_handler(
 
 
 class DeclareTopology(bootsteps.StartStopStep):
-    """Declare every exchange and queue (retry, dead-letter, parking too) on each connect.
+    """Declare every exchange and queue (retry, dead-letter, parking too) on each connect,
+    or, where the deploy step declares them (one broker user per service, none of which
+    may configure), check that the queues this worker consumes and holds into exist.
 
     Dead-lettering to an exchange with no queue bound drops the message, so the
     holding queues must exist before any work queue can dead-letter into them.
@@ -229,7 +278,11 @@ class DeclareTopology(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         parts: WorkerParts = c.app.saga_parts
-        parts.topology.declare(c.connection)
+        if parts.topology.declare_on_use:
+            parts.topology.declare(c.connection)
+        else:
+            consumed = list(c.app.amqp.queues.consume_from or {})
+            parts.topology.check(c.connection, [*consumed, DEAD_LETTER_QUEUE, PARKING_QUEUE])
         try:
             for url in database_urls(c, parts):
                 check_database(url)

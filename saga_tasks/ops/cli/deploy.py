@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
 
 from saga_tasks.ops.cli.base import (
     Context,
+    emit,
     errors,
 )
 
@@ -84,6 +88,72 @@ def broker_declare(obj: Context) -> None:
     with errors():
         names = declare_topology(app.settings.broker_url, app.topology)
     click.echo(f"declared {len(names)} queues: {', '.join(names)}")
+
+
+@broker.command("users")
+@click.option(
+    "--env-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write one env file per service (<service>.env, mode 0600).",
+)
+@click.option(
+    "--api",
+    help="Management API URL [default: http://<broker host>:15672/api]; its login "
+    "is SAGA_BROKER_URL's.",
+)
+@click.option("--rotate", is_flag=True, help="Give every user a new password.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def broker_users(obj: Context, env_dir: Path, api: str | None, rotate: bool, as_json: bool) -> None:
+    """Create or update one RabbitMQ user per service with the least it needs, and write
+    its env file (SAGA_BROKER_URL, SAGA_BROKER_USER_PREFIX). Run with an administrator's
+    SAGA_BROKER_URL and SAGA_BROKER_USER_PREFIX set, after `broker declare`. Passwords go
+    to the env files only."""
+    from saga_tasks.messaging.admin import RabbitAdmin
+    from saga_tasks.messaging.users import credentials, management_api
+    from saga_tasks.ops.broker_users import provision
+
+    app = obj.app()
+    url = app.settings.broker_url
+    user, password = credentials(url) if "@" in url else ("guest", "guest")  # AMQP's default
+    admin = RabbitAdmin(api=api or management_api(url), user=user, password=password)
+    with errors():
+        done = provision(
+            admin_url=url,
+            admin=admin,
+            topology=app.topology,
+            senders=app.senders,
+            env_dir=env_dir,
+            rotate=rotate,
+        )
+    data = {
+        "vhost": done[0].vhost if done else None,
+        "users": [
+            {
+                "user": d.grant.user,
+                "service": d.grant.service,
+                "env_file": str(d.env_file),
+                "password": d.password,
+                "configure": d.grant.configure,
+                "write": d.grant.write,
+                "read": d.grant.read,
+                "topic_write": dict(d.grant.topic_write),
+            }
+            for d in done
+        ],
+    }
+
+    def render(v: dict[str, Any]) -> None:
+        click.echo(f"vhost {v['vhost']}")
+        for u in v["users"]:
+            click.echo(f"{u['user']} ({u['service']}): {u['env_file']}, password {u['password']}")
+            for key in ("configure", "write", "read"):
+                click.echo(f"  {key:<10} {u[key]}")
+            for exchange, keys in u["topic_write"].items():
+                click.echo(f"  {'topic':<10} {exchange}: publish with routing keys {keys}")
+
+    emit(data, as_json, render)
 
 
 @click.command()

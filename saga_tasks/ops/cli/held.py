@@ -72,10 +72,18 @@ def _held_group(holding: str, name: str, title: str) -> click.Group:
             keys = (
                 "id", "holding", "status", "reason", "saga_id", "step", "kind", "task_name",
                 "message_id", "original_queue", "death_count", "first_death_at",
-                "last_death_at", "received_at", "resolved_by", "resolution",
+                "last_death_at", "received_at", "resolved_by", "resolution", "published_by",
             )  # fmt: skip
             for key in keys:
                 click.echo(f"{key:<16} {v[key]}")
+            if v["attested"]:
+                click.echo(f"{'attested':<16} yes")
+            else:
+                click.echo(
+                    f"{'attested':<16} NO: not dead-lettered by the broker from a service's "
+                    "message, nor held by a service that may speak for its step. Its reason "
+                    "is the publisher's claim; it moved no saga."
+                )
             click.echo("replay checks")
             for c in v["replay_checks"]:
                 mark = "BLOCKS" if c["blocks"] else "ok"

@@ -4,8 +4,8 @@ Ids were derived from the public saga id alone, so whoever could publish a reply
 compute the ids that answer for any step. A saga started from now on keys its ids with
 128 random bits kept here; a saga started before keeps its ids (the column stays NULL).
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-12-01
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
