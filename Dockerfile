@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY saga_tasks ./saga_tasks
 COPY participants ./participants
 COPY migrations ./migrations
-RUN pip install . && useradd --system --home /app saga
+# /run/saga: the broker users' env files (a volume the migrate step writes, owned by saga).
+RUN pip install . && useradd --system --home /app saga && mkdir -p /run/saga && chown saga /run/saga
 USER saga
 CMD ["saga-tasks", "--help"]

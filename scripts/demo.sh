@@ -32,6 +32,10 @@ ensure_venv
 ensure_vhost saga_demo
 say "migrating the orchestrator's database and each participant's"
 saga-tasks db upgrade
-saga-tasks broker declare >/dev/null
+saga-tasks broker declare >/dev/null   # as the administrator: the only step that configures
+# A broker user per service (saga-demo-orchestrator, saga-demo-orders, ...), least privilege;
+# their env files (mode 0600) in .demo/broker. No worker runs as guest.
+export SAGA_BROKER_USER_PREFIX="${SAGA_BROKER_USER_PREFIX:-saga-demo-}"
+saga-tasks broker users --env-dir "$ROOT/.demo/broker" >/dev/null
 say "running the demo"
-python -m tools.demo "$@"
+python -m tools.demo --users "$ROOT/.demo/broker" "$@"

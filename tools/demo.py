@@ -34,7 +34,8 @@ from sqlalchemy import func, select, text
 from saga_tasks.config import Settings, mask_url
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.errors import SagaTasksError
-from saga_tasks.ops.processes import Supervisor, WorkerProcess, participant_env
+from saga_tasks.ops.broker_users import read_env
+from saga_tasks.ops.processes import Supervisor, WorkerProcess, service_env
 
 STATE_DIR = Path(".demo")
 WEB_PORT = 8000
@@ -88,9 +89,16 @@ def payload_for(path: str, rng: random.Random) -> dict[str, Any]:
 
 
 def demo_processes(
-    env: dict[str, str], log_dir: Path, flower_port: int, flower_address: str
+    env: dict[str, str],
+    log_dir: Path,
+    flower_port: int,
+    flower_address: str,
+    users: Path | None = None,
 ) -> list[WorkerProcess]:
-    """The orchestrator, a worker per participant queue (two on inventory), beat, Flower."""
+    """The orchestrator, a worker per participant queue (two on inventory), beat, Flower;
+    with ``users`` (``saga-tasks broker users``' env files) each as its service's own
+    broker user, and each participant's worker given its own database only."""
+    orchestrator_env = service_env(env, "orchestrator", users)
     app = "participants.app"
     # Two inventory workers on one queue: when the crash fault kills one,
     # the other keeps the queue moving and gets the dead one's unacked messages.
@@ -117,15 +125,16 @@ def demo_processes(
             pool=pool,
             concurrency=concurrency,
             env=(
-                {**env, **metrics_env}
+                {**orchestrator_env, **metrics_env}
                 if name == "orchestrator"
-                else participant_env(env, name.split("-")[0])
+                else service_env(env, name.split("-")[0], users)
             ),
             log_dir=log_dir,
             extra_args=("-E",),
         )
         for name, (qs, pool, concurrency) in queues.items()
     ]
+    env = orchestrator_env  # beat, Flower and the web app are the orchestrator's
     processes.append(WorkerProcess(app, name="beat", env=env, log_dir=log_dir, role="beat"))
     flower_args = [f"--port={flower_port}", f"--address={flower_address}"]
     if _management_api():
@@ -234,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
         # A token for this run only (every scope), so the dashboard reads and its buttons work.
         token = secrets.token_urlsafe(18)
         os.environ["SAGA_API_TOKENS"] = f"demo:{token}"
+    if args.users is not None:
+        # This process starts sagas as application code would: as the orchestrator's user.
+        os.environ.update(read_env(args.users, "orchestrator"))
     settings = Settings.from_env()
     from participants.app import saga_app
     from participants.seed import seed
@@ -243,9 +255,11 @@ def run(args: argparse.Namespace) -> int:
     for name in saga_app.participants:
         print(f"           {mask_url(settings.participant_database(name))} ({name})")
     print(f"RabbitMQ   {mask_url(settings.broker_url)}")
+    if args.users is not None:
+        print(f"           each service as its own broker user ({settings.broker_user_prefix}...)")
     log_dir = STATE_DIR / "logs"
     supervisor = Supervisor(
-        demo_processes(env, log_dir, args.flower_port, args.flower_address),
+        demo_processes(env, log_dir, args.flower_port, args.flower_address, args.users),
         on_restart=_announce_restart,
         on_change=_save_pids,
     )
@@ -418,6 +432,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m tools.demo") 
         "--timeout", type=float, default=180.0, help="seconds to wait for the sagas to end"
     )
     parser.add_argument("--seed", type=int, default=7, help="seed of the random mix")
+    parser.add_argument(
+        "--users",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="env files of saga-tasks broker users: each process as its own broker user",
+    )
     parser.add_argument("--flower-port", type=int, default=5555)
     parser.add_argument("--flower-address", default="127.0.0.1")
     group = parser.add_mutually_exclusive_group()

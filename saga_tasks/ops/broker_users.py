@@ -45,6 +45,23 @@ def env_file(env_dir: Path, grant: Grant) -> Path:
     return env_dir / f"{grant.service}.env"
 
 
+def read_env(env_dir: Path, service: str) -> dict[str, str]:
+    """The settings ``service``'s env file holds (``KEY=value`` lines)."""
+    path = env_dir / f"{service}.env"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"no env file for {service} in {env_dir} (run saga-tasks broker users): {exc}"
+        ) from exc
+    found = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and not key.lstrip().startswith("#"):
+            found[key.strip()] = value.strip()
+    return found
+
+
 def provision(
     *,
     admin_url: str,

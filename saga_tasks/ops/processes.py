@@ -22,16 +22,20 @@ from saga_tasks.messaging.admin import consumed
 T = TypeVar("T")
 
 
-def participant_env(env: Mapping[str, str], name: str) -> dict[str, str]:
-    """The environment of participant ``name``'s own process: its own database, and the
-    orchestrator's not even named (when participants have databases of their own)."""
+def service_env(env: Mapping[str, str], service: str, users: Path | None = None) -> dict[str, str]:
+    """The environment of one service's process (``orchestrator`` or a participant's name):
+    with ``users`` (the env files of ``saga-tasks broker users``), its own broker user; a
+    participant's, its own database only, the orchestrator's not even named (when
+    participants have databases of their own)."""
     from saga_tasks.config import Settings
+    from saga_tasks.ops.broker_users import read_env
 
-    settings = Settings.from_env(env)
-    if not settings.participants_apart:
-        return dict(env)
-    url = settings.participant_database(name)
-    return {**env, "SAGA_DATABASE_URL": "", "SAGA_PARTICIPANT_DATABASE_URL": f"{name}={url}"}
+    found = {**env, **(read_env(users, service) if users is not None else {})}
+    settings = Settings.from_env(found)
+    if service == "orchestrator" or not settings.participants_apart:
+        return found
+    url = settings.participant_database(service)
+    return {**found, "SAGA_DATABASE_URL": "", "SAGA_PARTICIPANT_DATABASE_URL": f"{service}={url}"}
 
 
 class TimedOut(AssertionError):

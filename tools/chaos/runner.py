@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -50,11 +51,12 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import Settings
+from saga_tasks.ops.broker_users import read_env
 from saga_tasks.ops.processes import (
     Supervisor,
     WorkerProcess,
     exit_on_sigterm,
-    participant_env,
+    service_env,
     wait_for,
 )
 from tools.chaos.checks import (
@@ -133,7 +135,12 @@ class Injected:
     restarts: int = 0
 
 
-def chaos_processes(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
+def chaos_processes(
+    env: dict[str, str], log_dir: Path, users: Path | None = None
+) -> list[WorkerProcess]:
+    """The run's processes; with ``users`` (env files of ``saga-tasks broker users``) each
+    as its service's own broker user, and each participant's worker given its own
+    database only."""
     app = "participants.app"
     # A crash fault kills the process that runs the message. In a solo worker that is the
     # whole worker, back after a restart of ~5 s on two cores; with a crash fault in one
@@ -153,17 +160,18 @@ def chaos_processes(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
         ("payments", ["payments.commands"], "prefork", 8),
     ]
 
-    def own(name: str, queues: list[str]) -> dict[str, str]:
+    def own(queues: list[str]) -> dict[str, str]:
         participant = queues[0].removesuffix(".commands")
-        return env if participant == queues[0] else participant_env(env, participant)
+        return service_env(env, "orchestrator" if participant == queues[0] else participant, users)
 
     processes = [
-        WorkerProcess(app, queues=q, name=n, pool=p, concurrency=c, env=own(n, q), log_dir=log_dir)
+        WorkerProcess(app, queues=q, name=n, pool=p, concurrency=c, env=own(q), log_dir=log_dir)
         for n, q, p, c in specs
     ]
+    beat_env = service_env(env, "orchestrator", users)
     processes += [
-        WorkerProcess(app, name="beat-a", env=env, log_dir=log_dir, role="beat"),
-        WorkerProcess(app, name="beat-b", env=env, log_dir=log_dir, role="beat"),
+        WorkerProcess(app, name="beat-a", env=beat_env, log_dir=log_dir, role="beat"),
+        WorkerProcess(app, name="beat-b", env=beat_env, log_dir=log_dir, role="beat"),
     ]
     return processes
 
@@ -209,10 +217,36 @@ def run(args: Any) -> int:
             participant_url = (
                 isolation.participant_database_url if isolation else base.participant_database_url
             )
-            return _run(args, database_url, participant_url, broker_url)
+            return _run(args, database_url, participant_url, broker_url, isolation)
         finally:
             if isolation is not None and not args.keep:
+                _forget_users(f"{isolation.ident}-")
                 isolation.__exit__(None, None, None)
+
+
+def _forget_users(prefix: str) -> None:
+    from saga_tasks.messaging.admin import RabbitAdmin
+
+    admin = RabbitAdmin()
+    for user in admin.users(prefix):
+        admin.delete_user(user)
+
+
+def _service_users(env_dir: Path) -> Path:
+    """As the administrator: declare the topology, then a broker user per service (their
+    env files in ``env_dir``); the app is loaded by each command, not here."""
+    for command in (["broker", "declare"], ["broker", "users", "--env-dir", str(env_dir)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "saga_tasks.ops.cli", *command],
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"saga-tasks {' '.join(command)} failed: {done.stderr.strip()}")
+    return env_dir
 
 
 def _admin_url(database_url: str) -> str:
@@ -245,8 +279,17 @@ def _settings_env(
     return env
 
 
-def _run(args: Any, database_url: str, participant_url: str, broker_url: str) -> int:
+def _run(
+    args: Any, database_url: str, participant_url: str, broker_url: str, isolation: Any
+) -> int:
     os.environ.update(_settings_env(args, database_url, participant_url, broker_url))
+    users = None
+    if isolation is not None:
+        # In a vhost of its own the run deploys as production would: the topology and a
+        # broker user per service made by an administrator; no worker runs as it.
+        os.environ["SAGA_BROKER_USER_PREFIX"] = f"{isolation.ident}-"
+        users = _service_users(Path(args.log_dir) / "broker")
+        os.environ.update(read_env(users, "orchestrator"))  # this process starts sagas
     from participants.app import saga_app
     from participants.seed import seed
     from saga_tasks.messaging.topology import declare_topology
@@ -260,7 +303,7 @@ def _run(args: Any, database_url: str, participant_url: str, broker_url: str) ->
         if not args.json:
             print(f"{time.monotonic() - started_at:7.1f}s  {line}", flush=True)
 
-    declare_topology(broker_url, saga_app.topology)
+    declare_topology(broker_url, saga_app.topology)  # as the administrator (idempotent)
     seed(saga_app.participant_engine, *_stock_and_credit(args.sagas))
     # The run's own reads: a fresh connection each, so a database restart costs one try.
     probe = _probe(database_url)
@@ -272,7 +315,7 @@ def _run(args: Any, database_url: str, participant_url: str, broker_url: str) ->
     def restarted(process: WorkerProcess) -> None:
         injected.restarts += 1
 
-    supervisor = Supervisor(chaos_processes(dict(os.environ), log_dir), on_restart=restarted)
+    supervisor = Supervisor(chaos_processes(dict(os.environ), log_dir, users), on_restart=restarted)
     load_seconds = args.sagas * args.interval
     plan = plan_outages(
         broker_restarts=args.broker_restarts,
