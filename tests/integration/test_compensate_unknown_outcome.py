@@ -59,12 +59,6 @@ def effects(app, saga_id):
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator compensate is accepted after a step that cannot be undone answered "
-    "success late (TIMED_OUT, late_success): the payment is voided and the stock released "
-    "under the confirmed order",
-)
 def test_compensate_is_refused_once_a_step_that_cannot_be_undone_succeeded_late(
     clocked_app, clock, settings
 ):
