@@ -8,20 +8,11 @@ import dataclasses
 import threading
 import time
 
-import pytest
-
 from saga_tasks.ops.views import held_list, held_show
 from saga_tasks.runtime.holding import DEAD_LETTER
 from tests.helpers import build_order_app, reject_one, to_reserve
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the replay checks hold a connection of the orchestrator's pool and ask the "
-    "participant's ledger through a second one from the same pool (one database): "
-    "concurrent held-message reads exhaust the pool and wait on each other until the "
-    "pool times out",
-)
 def test_concurrent_replay_checks_do_not_wait_on_each_other(settings):
     app = build_order_app(dataclasses.replace(settings, db_pool_size=1))  # 2 connections
     try:
