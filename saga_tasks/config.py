@@ -397,6 +397,12 @@ class Settings:
             return self.database_url
         return url.replace("{participant}", name)
 
+    def named_participant_databases(self) -> list[str]:
+        """The participant database URLs ``SAGA_PARTICIPANT_DATABASE_URL`` names outright
+        (a ``{participant}`` template names none until given a participant)."""
+        urls = self._participant_urls().values()
+        return list(dict.fromkeys(u for u in urls if "{participant}" not in u))
+
     @property
     def participants_apart(self) -> bool:
         """True when participants have databases of their own (not the orchestrator's)."""

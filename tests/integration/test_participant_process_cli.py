@@ -48,12 +48,6 @@ def orders_container(orders_process):
     return {**orders_process, "SAGA_PARTICIPANT_DATABASE_URL": url}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="db upgrade/current --only NAME resolve every participant's database before "
-    "picking NAME: given its own database alone (name=URL), a participant's process "
-    "cannot migrate it ('names no database for participant inventory')",
-)
 def test_a_participant_migrates_its_own_database_with_only(orders_process):
     upgraded = cli(orders_process, "db", "upgrade", "--only", "orders")
     assert upgraded.returncode == 0, upgraded.stderr
@@ -63,12 +57,6 @@ def test_a_participant_migrates_its_own_database_with_only(orders_process):
     assert current.stdout == "orders 0001\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with SAGA_DATABASE_URL empty, saga-tasks check and db upgrade/current (without "
-    "--only) hand the empty URL to SQLAlchemy and die with a stack trace instead of one "
-    "line; check never checks the participant's own database",
-)
 def test_commands_needing_the_saga_database_say_so_in_one_line(orders_process, orders_container):
     for env in (orders_process, orders_container):
         for args in (("db", "upgrade"), ("db", "current")):
