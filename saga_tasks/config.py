@@ -380,7 +380,7 @@ class Settings:
             if named is None or named["name"] in found:
                 raise ConfigurationError(
                     "SAGA_PARTICIPANT_DATABASE_URL: one URL, or name=URL entries separated by "
-                    f"spaces, each name once (not {mask_url(entry)!r})"
+                    f"spaces, each name once (not {_piece(entry)!r})"
                 )
             found[named["name"]] = named["url"]
         return found
@@ -528,6 +528,15 @@ def mask_url(url: str) -> str:
         return url
     user, colon, _password = rest[:at].partition(":")
     return f"{scheme}://{user}{':***' if colon else ''}@{rest[at + 1 :]}"
+
+
+def _piece(entry: str) -> str:
+    """A piece of a setting split at spaces, safe to quote: with no ``@`` after its scheme
+    it may be a URL cut inside its password (an unencoded space), so only the scheme shows."""
+    scheme, sep, rest = entry.partition("://")
+    if sep and "@" not in rest:
+        return f"{scheme}://..."
+    return mask_url(entry)
 
 
 def check_url(name: str, url: str) -> None:
