@@ -27,12 +27,6 @@ def second(ctx):
 TWO = saga("two", step("first", first, timeout=10), step("second", second, timeout=10))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SagaApp.table_engine finds a table's database by its schema name alone: with two "
-    "participants' tables in schema svc, alpha's published replies are marked in beta's "
-    "database and stay unpublished in alpha's (recovery sends each again)",
-)
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_each_outbox_row_is_marked_in_its_own_database(template_database, mode):
     with Isolation(
