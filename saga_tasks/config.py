@@ -75,7 +75,8 @@ class Settings:
     relay_interval: float = _env(
         "SAGA_RELAY_INTERVAL",
         2.0,
-        "Seconds between outbox recovery passes run by beat.",
+        "Seconds between outbox recovery passes: beat's over the orchestrator's outbox, "
+        "each participant worker's over its participant's own.",
     )
     relay_min_age: float = _env(
         "SAGA_RELAY_MIN_AGE",
