@@ -8,19 +8,12 @@ import subprocess
 import sys
 import uuid
 
-import pytest
 from sqlalchemy.engine import make_url
 
 from saga_tasks.testing import drop_database
 from tests.helpers import ADMIN_URL, PREFIX
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ensure_database takes only 'already exists' for a concurrent creation; two "
-    "CREATE DATABASE of one name at once fail with a unique violation on "
-    "pg_database_datname_index, and that deploy job dies with a stack trace",
-)
 def test_deploy_jobs_at_once_create_each_database_once(services):
     ident = f"{PREFIX}fresh_{uuid.uuid4().hex[:8]}"
 
