@@ -80,7 +80,15 @@ class SagaApp:
         if len(self.participants) != len(participants):
             raise ConfigurationError("two participants share a name")
         _check_owners(sagas, participants)
-        self._owners = {p.schema: p.name for p in participants}
+        self._owners = {
+            id(t): p.name for p in participants for t in (p.ledger, p.outbox, p.redelivery)
+        }
+        """A participant's own tables by identity: two participants, each in a database
+        of its own, may keep their tables under the same schema name."""
+        schemas = [p.schema for p in participants]
+        self._schema_owners = {
+            p.schema: p.name for p in participants if schemas.count(p.schema) == 1
+        }
         queues = {p.queue for p in participants} | {q for d in sagas for q in d.queues}
         prefix = self.settings.broker_user_prefix
         self.topology = Topology(
@@ -217,8 +225,9 @@ class SagaApp:
 
     def table_engine(self, table: Table) -> Engine:
         """The engine of the database ``table`` lives in: a participant's tables in its
-        own, the saga schema's in the orchestrator's."""
-        owner = self._owners.get(table.schema or "")
+        own (its ledger, outbox and redelivery counts; another table by its schema, when
+        one participant alone has it), the saga schema's in the orchestrator's."""
+        owner = self._owners.get(id(table)) or self._schema_owners.get(table.schema or "")
         return self.engine if owner is None else self.participant_engine(owner)
 
     @property

@@ -82,7 +82,8 @@ class Settings:
     relay_interval: float = _env(
         "SAGA_RELAY_INTERVAL",
         2.0,
-        "Seconds between outbox recovery passes run by beat.",
+        "Seconds between outbox recovery passes: beat's over the orchestrator's outbox, "
+        "each participant worker's over its participant's own.",
     )
     relay_min_age: float = _env(
         "SAGA_RELAY_MIN_AGE",
@@ -389,7 +390,7 @@ class Settings:
             if named is None or named["name"] in found:
                 raise ConfigurationError(
                     "SAGA_PARTICIPANT_DATABASE_URL: one URL, or name=URL entries separated by "
-                    f"spaces, each name once (not {mask_url(entry)!r})"
+                    f"spaces, each name once (not {_piece(entry)!r})"
                 )
             found[named["name"]] = named["url"]
         return found
@@ -405,6 +406,12 @@ class Settings:
                 )
             return self.database_url
         return url.replace("{participant}", name)
+
+    def named_participant_databases(self) -> list[str]:
+        """The participant database URLs ``SAGA_PARTICIPANT_DATABASE_URL`` names outright
+        (a ``{participant}`` template names none until given a participant)."""
+        urls = self._participant_urls().values()
+        return list(dict.fromkeys(u for u in urls if "{participant}" not in u))
 
     @property
     def participants_apart(self) -> bool:
@@ -531,6 +538,15 @@ def mask_url(url: str) -> str:
         return url
     user, colon, _password = rest[:at].partition(":")
     return f"{scheme}://{user}{':***' if colon else ''}@{rest[at + 1 :]}"
+
+
+def _piece(entry: str) -> str:
+    """A piece of a setting split at spaces, safe to quote: with no ``@`` after its scheme
+    it may be a URL cut inside its password (an unencoded space), so only the scheme shows."""
+    scheme, sep, rest = entry.partition("://")
+    if sep and "@" not in rest:
+        return f"{scheme}://..."
+    return mask_url(entry)
 
 
 def check_url(name: str, url: str) -> None:

@@ -188,8 +188,10 @@ class _Sender:
         self.next_tag = 1
         self.inflight: dict[int, _Item] = {}
         self.returned: set[str] = set()
-        self.confirmed: dict[str, list[_Item]] = {}
-        self.tables: dict[str, Table] = {}
+        self.confirmed: dict[int, list[_Item]] = {}
+        self.tables: dict[int, Table] = {}
+        """Confirmed items and their outbox table, by the table's identity: two tables of
+        one name may live in two databases (participants with databases of their own)."""
         self.last_mark = time.monotonic()
         self.retry_at = 0.0
 
@@ -304,9 +306,9 @@ class _Sender:
                 self.returned.discard(item.message.message_id)
                 self.give_up([item], "unroutable (returned by the broker)")
                 continue
-            name = f"{item.table.schema}.{item.table.name}"
-            self.tables[name] = item.table
-            self.confirmed.setdefault(name, []).append(item)
+            key = id(item.table)
+            self.tables[key] = item.table
+            self.confirmed.setdefault(key, []).append(item)
 
     def on_nack(self, delivery_tag: int, multiple: bool) -> None:
         self.give_up(self._take(delivery_tag, multiple), "nacked by the broker")
@@ -328,13 +330,13 @@ class _Sender:
             return
         batches, self.confirmed = self.confirmed, {}
         self.last_mark = time.monotonic()
-        for name, items in batches.items():
-            engine = self.owner._engine(self.tables[name])
+        for key, items in batches.items():
+            table = self.tables[key]
+            name = f"{table.schema}.{table.name}"
+            engine = self.owner._engine(table)
             try:
                 with translated(engine.url), engine.begin() as conn:
-                    outbox.mark_published(
-                        conn, self.tables[name], [i.message.message_id for i in items]
-                    )
+                    outbox.mark_published(conn, table, [i.message.message_id for i in items])
             except Exception as exc:  # noqa: BLE001 - unmarked rows are republished by recovery
                 first = items[0].message
                 log.warning(

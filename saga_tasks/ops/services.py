@@ -37,7 +37,11 @@ def check_redis(url: str) -> None:
 
 
 def check_all(settings: Settings) -> None:
-    check_database(settings.database_url)
+    """PostgreSQL (the orchestrator's database when named, and each participant database
+    named outright: a participant's own process has only its own), RabbitMQ, Redis."""
+    urls = [settings.database_url] if settings.database_url else []
+    for url in [*urls, *settings.named_participant_databases()]:
+        check_database(url)
     check_broker(settings.broker_url)
     check_redis(settings.result_backend)
 
@@ -58,30 +62,30 @@ def targets(app: SagaApp | None, settings: Settings, only: Sequence[str] = ()) -
     """The databases of a deployment and their chains: the orchestrator's (the saga schema,
     then the app's chains), then each participant's own (its chain alone); ``only`` picks
     some by name. Without an app, the saga schema only."""
-    if app is None:
-        names = ["saga"]
-    else:
-        names = ["saga", *(p.name for p in app.participants.values() if p.migrations)]
+    owned = [] if app is None else [p for p in app.participants.values() if p.migrations]
+    names = ["saga", *(p.name for p in owned)]
     unknown = sorted(set(only) - set(names))
     if unknown:
         raise ConfigurationError(
             f"{', '.join(unknown)}: not 'saga' nor a participant with migrations "
             f"({', '.join(names)})"
         )
-    if app is not None:
-        settings = app.settings
+    # Only the databases picked are looked up: a participant's own process is given its own.
     found = []
-    for name in names:
-        if only and name not in only:
-            continue  # a process given one participant's database names no other
-        if name == "saga":
-            chains = tuple(app.migrations) if app is not None else ()
-            found.append(Target("saga", settings.database_url, chains, True))
-        else:
-            assert app is not None
-            p = app.participants[name]
-            url = settings.participant_database(name)
-            found.append(Target(name, url, (str(p.migrations),), False))
+    if not only or "saga" in only:
+        own = settings if app is None else app.settings
+        if not own.database_url:
+            raise ConfigurationError(
+                "SAGA_DATABASE_URL is empty (a participant's own process): migrate the "
+                "participant's own database with --only NAME"
+            )
+        chains = () if app is None else tuple(app.migrations)
+        found.append(Target("saga", own.database_url, chains, True))
+    found += [
+        Target(p.name, app.settings.participant_database(p.name), (str(p.migrations),), False)
+        for p in owned
+        if app is not None and (not only or p.name in only)
+    ]
     return found
 
 

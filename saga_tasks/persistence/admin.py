@@ -6,11 +6,14 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.errors import ConfigurationError
 from saga_tasks.persistence.db import translated
+
+DUPLICATE_DATABASE = "42P04"
+UNIQUE_VIOLATION = "23505"
 
 
 def _admin_engine(url: str) -> Any:
@@ -75,9 +78,11 @@ def ensure_database(url: str) -> bool:
                 return False
             try:
                 conn.execute(text(f'CREATE DATABASE "{name}"'))
-            except ProgrammingError as exc:
-                if "already exists" in str(exc):
-                    return False  # created by a concurrent run
+            except (ProgrammingError, IntegrityError) as exc:
+                # Created by a concurrent run: "already exists" if it had committed when
+                # this one looked, a unique violation on pg_database if it was underway.
+                if getattr(exc.orig, "pgcode", None) in (DUPLICATE_DATABASE, UNIQUE_VIOLATION):
+                    return False
                 raise
             return True
     finally:

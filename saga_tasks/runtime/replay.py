@@ -171,14 +171,16 @@ class Replayer:
                 if awaited
                 else Check("late", f"step {step!r} has moved on ({st.status.value})", True)
             )
-            checks.append(self._effect(row["task_name"], command_id))
+            checks.append(self._effect(conn, row["task_name"], command_id))
         return checks
 
-    def _effect(self, task_name: str | None, command_id: str | None) -> Check:
+    def _effect(self, conn: Connection, task_name: str | None, command_id: str | None) -> Check:
         """What the participant that owns the task recorded for the command, asked in its
         own database (``SAGA_PARTICIPANT_DATABASE_URL``); a participant whose database
         cannot be asked from here is said so, and does not block the replay: its ledger
-        refuses a command it ran already."""
+        refuses a command it ran already. In the orchestrator's own database it is asked
+        on ``conn``: a second connection from the pool ``conn`` came from would wait on
+        every other reader doing the same."""
         owner = task_name.split(".", 1)[0] if task_name else None
         found = self.ledgers.get(owner or "")
         if found is None or not command_id:
@@ -186,8 +188,12 @@ class Replayer:
         engine_of, ledger = found
         try:
             engine = engine_of()
-            with translated(engine.url), engine.connect() as conn:
-                done = held_sql.executed(conn, ledger, command_id)
+            if engine is conn.engine:
+                with translated(engine.url):
+                    done = held_sql.executed(conn, ledger, command_id)
+            else:
+                with translated(engine.url), engine.connect() as own:
+                    done = held_sql.executed(own, ledger, command_id)
         except (ServiceUnavailable, ConfigurationError, InputError) as exc:
             return Check("effect", f"{owner}'s ledger could not be asked from here: {exc}", False)
         if done:

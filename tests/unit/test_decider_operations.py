@@ -346,6 +346,24 @@ def test_compensate_is_refused_once_a_step_that_cannot_be_undone_has_succeeded()
     assert d.state.steps["s1"].status is StepStatus.COMPENSATION_SKIPPED
 
 
+def test_compensate_is_refused_once_a_step_that_cannot_be_undone_succeeded_late():
+    """Given up (no answer after its attempts: the saga is in review), then its success
+    came: it took effect as surely as one answered in time, and what it built on stays."""
+    d = Driver(linear(2, compensable=[True, False]))
+    d.start()
+    d.succeed("s0")
+    cid = d.state.steps["s1"].command_id
+    for _ in range(3):
+        d.tick(31)
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    d.apply(d.reply("s1", command_id=cid))
+    assert d.state.steps["s1"].error == LATE_SUCCESS
+    before = d.state
+    with pytest.raises(ActionRefused, match="'s1' cannot be undone and succeeded after"):
+        act(d, OperatorVerb.COMPENSATE)
+    assert d.state == before
+
+
 def test_a_step_that_cannot_be_undone_and_failed_siblings_keep_the_old_rule():
     """Without an operator the definition's rule stands: a step with no compensation keeps
     its effect while the rest is undone."""

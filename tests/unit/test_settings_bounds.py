@@ -187,3 +187,17 @@ def test_the_orchestrators_database_may_be_empty_only_in_a_participants_own_proc
         {"SAGA_DATABASE_URL": "", "SAGA_PARTICIPANT_DATABASE_URL": "postgresql://u@h/inv"}
     )
     assert own.database_url == "" and own.participants_apart
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "postgresql://u:hunter2 horse@h/inv",
+        "postgresql://u:hunter2 horse@h/{participant}",
+        "inventory=postgresql://u:hunter2 horse@h/inv",
+    ],
+)
+def test_a_password_with_a_space_is_never_quoted_in_the_refusal(value):
+    with pytest.raises(ConfigurationError, match="SAGA_PARTICIPANT_DATABASE_URL") as refused:
+        Settings.from_env({"SAGA_PARTICIPANT_DATABASE_URL": value})
+    assert "hunter2" not in str(refused.value) and "horse" not in str(refused.value)

@@ -163,9 +163,15 @@ def _compensate(tx: Transition, a: OperatorAction) -> None:
     # stays done, yet the compensation would undo what it builds on: an order confirmed
     # with its stock released and its payment voided.
     for s in tx.definition.steps:
-        status = tx.steps[s.name].status
+        st = tx.steps[s.name]
+        status = st.status
         if s.compensable:
             continue
+        if status is StepStatus.TIMED_OUT and st.error == LATE_SUCCESS:
+            raise ActionRefused(
+                f"cannot compensate: step {s.name!r} cannot be undone and succeeded after "
+                "it was given up; what it built on must stay (resolve the saga by hand instead)"
+            )
         if status is StepStatus.REQUESTED:
             raise ActionRefused(
                 f"cannot compensate: step {s.name!r} cannot be undone and its answer is "

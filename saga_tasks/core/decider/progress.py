@@ -154,9 +154,11 @@ def _settle(tx: Transition) -> None:
     ]
     if undecided:
         if tx.status is not SagaStatus.MANUAL_REVIEW:
+            first = tx.definition.step(undecided[0])
+            choices = "compensate, or resolve" if first.compensable else "resolve"
             tx.manual_review(
-                f"step {undecided[0]!r} succeeded after it was given up and its effect "
-                "stays: a person must decide (compensate, or resolve)"
+                f"step {first.name!r} succeeded after it was given up and its effect "
+                f"stays: a person must decide ({choices})"
             )
         return
     finish(tx, SagaStatus.COMPENSATED, "saga_compensated")

@@ -1,0 +1,97 @@
+"""An operator's compensate while the order's confirm (a step that cannot be undone) was
+given up: what the confirmed order builds on must stay."""
+
+from __future__ import annotations
+
+import pytest
+
+from saga_tasks.core.model import LATE_SUCCESS
+from saga_tasks.core.states import SagaStatus, StepStatus
+from saga_tasks.errors import ActionRefused
+from saga_tasks.ops.operator import act
+from tests.helpers import ORDER, drain, pump, run_command, run_reply, scalar
+
+
+def to_confirm_given_up(app, clock, url, key):
+    """Create, reserve and authorize answered; the confirm waits in the orders queue (the
+    service is slow) until its attempts are spent: the saga is in review."""
+    handle = app.start_saga("order", key, ORDER)
+    for queue in ("orders.commands", "inventory.commands", "payments.commands"):
+        (command,) = drain(url, queue)
+        run_command(app, command)
+        (reply,) = drain(url, "saga.replies")
+        run_reply(app, reply)
+    for _ in range(3):
+        clock.advance(31)
+        app.sweeper.sweep()
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.MANUAL_REVIEW, state.reason
+    assert state.steps["confirm_order"].status is StepStatus.TIMED_OUT
+    return handle
+
+
+def compensate(app, saga_id):
+    """An operator's compensate; refused is an answer too."""
+    try:
+        act(
+            app,
+            saga_id,
+            "compensate",
+            actor="ana",
+            reason="undo the order",
+            expect_version=app.orchestrator.get(saga_id).version,
+        )
+    except ActionRefused as refused:
+        assert "cannot be undone" in str(refused)
+        return False
+    return True
+
+
+def effects(app, saga_id):
+    found = {}
+    for name, sql in (
+        ("order", "SELECT status FROM orders.orders WHERE saga_id = :s"),
+        ("payment", "SELECT status FROM payments.authorization WHERE saga_id = :s"),
+        ("stock", "SELECT status FROM inventory.reservation WHERE saga_id = :s"),
+    ):
+        owner = {"order": "orders", "payment": "payments", "stock": "inventory"}[name]
+        found[name] = scalar(app.participant_engine(owner), sql, s=saga_id)
+    return found
+
+
+def test_compensate_is_refused_once_a_step_that_cannot_be_undone_succeeded_late(
+    clocked_app, clock, settings
+):
+    app, url = clocked_app, settings.broker_url
+    handle = to_confirm_given_up(app, clock, url, "late-confirm")
+    pump(app, url)  # the orders service is back: the confirm runs, its success comes late
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.steps["confirm_order"].error == LATE_SUCCESS
+    assert state.status is SagaStatus.MANUAL_REVIEW
+
+    accepted = compensate(app, handle.saga_id)
+    pump(app, url)
+    assert effects(app, handle.saga_id) == {
+        "order": "CONFIRMED",
+        "payment": "AUTHORIZED",
+        "stock": "RESERVED",
+    }
+    assert not accepted
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="operator compensate is accepted while a step that cannot be undone is TIMED_OUT "
+    "with its command still queued: nothing fences that command, which then confirms the "
+    "order after its payment was voided",
+)
+def test_compensate_leaves_no_confirmed_order_without_its_payment(clocked_app, clock, settings):
+    app, url = clocked_app, settings.broker_url
+    handle = to_confirm_given_up(app, clock, url, "unknown-confirm")
+    compensate(app, handle.saga_id)
+    pump(app, url)  # the orders service is back: its queue runs in order, the confirm first
+    found = effects(app, handle.saga_id)
+    assert found["order"] == "CONFIRMED"
+    assert (found["payment"], found["stock"]) == ("AUTHORIZED", "RESERVED"), (
+        f"{found}; saga {app.orchestrator.get(handle.saga_id).status}"
+    )
