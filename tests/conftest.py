@@ -65,19 +65,21 @@ def template_database(services: None) -> Iterator[str]:
 
     name = f"{PREFIX}template"
     # One database holding the saga schema and every participant's (SAGA_PARTICIPANT_
-    # DATABASE_URL empty), and one per participant holding its schema alone.
+    # DATABASE_URL empty); for deployments apart, one holding the saga schema alone and
+    # one per participant holding its schema alone.
     create_database(url_of(name))
     upgrade(url_of(name), [str(p.migrations) for p in PARTICIPANTS])
+    create_database(url_of(f"{name}_apart"))
+    upgrade(url_of(f"{name}_apart"))
     for p in PARTICIPANTS:
-        create_database(url_of(f"{name}_{p.name}"))
-        upgrade(url_of(f"{name}_{p.name}"), [str(p.migrations)], library=False)
+        create_database(url_of(f"{name}_apart_{p.name}"))
+        upgrade(url_of(f"{name}_apart_{p.name}"), [str(p.migrations)], library=False)
     from saga_tasks.persistence.db import dispose_all
 
     dispose_all()
     yield name
-    drop_database(url_of(name))
-    for p in PARTICIPANTS:
-        drop_database(url_of(f"{name}_{p.name}"))
+    for database in (name, f"{name}_apart", *(f"{name}_apart_{p.name}" for p in PARTICIPANTS)):
+        drop_database(url_of(database))
     # Anything left by a test that died before its own teardown.
     for leftover in list_databases(ADMIN_URL, PREFIX):
         drop_database(make_url(ADMIN_URL).set(database=leftover).render_as_string(False))
@@ -97,7 +99,7 @@ def isolation(template_database: str, request: pytest.FixtureRequest) -> Iterato
     with Isolation(
         admin_database_url=ADMIN_URL,
         prefix=PREFIX,
-        template=template_database,
+        template=f"{template_database}_apart" if apart else template_database,
         participants=tuple(p.name for p in PARTICIPANTS) if apart else (),
     ) as iso:
         yield iso

@@ -41,6 +41,7 @@ from saga_tasks.ops.views import held_list, held_show, list_view, saga_view
 from saga_tasks.ops.views import stuck as find_stuck
 from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
+from saga_tasks.persistence.tables import saga_outbox
 from saga_tasks.web.auth import OPERATE, READ, START, Caller, Forbidden, Gate, Unauthorized
 from saga_tasks.web.dashboard import mount
 from saga_tasks.web.docs import mount_docs
@@ -312,7 +313,11 @@ def build(app: SagaApp) -> FastAPI:
         state.register(
             StateCollector(
                 engine=lambda: app.engine,
-                outbox_tables=app.outbox_tables(),
+                # The saga database only: a participant's own database is not the web app's
+                # (one that shares the orchestrator's has its outbox lag shown too).
+                outbox_tables=(
+                    [saga_outbox] if app.settings.participants_apart else app.outbox_tables()
+                ),
                 command_queues=app.topology.command_queues,
                 broker_url=app.settings.broker_url,
             )
