@@ -172,6 +172,15 @@ def _compensate(tx: Transition, a: OperatorAction) -> None:
                 f"cannot compensate: step {s.name!r} cannot be undone and succeeded after "
                 "it was given up; what it built on must stay (resolve the saga by hand instead)"
             )
+        if status is StepStatus.TIMED_OUT and st.error != LATE_FAILURE:
+            # Given up with no answer: its command may still run (queued behind a slow
+            # service, or held and replayable), and nothing can fence a step without a
+            # compensation. Undoing what it builds on now could leave it done on nothing.
+            raise ActionRefused(
+                f"cannot compensate: step {s.name!r} cannot be undone and its outcome is "
+                "unknown (its command may still run); retry it to learn the outcome (its "
+                "participant answers a command once), or resolve the saga by hand"
+            )
         if status is StepStatus.REQUESTED:
             raise ActionRefused(
                 f"cannot compensate: step {s.name!r} cannot be undone and its answer is "
