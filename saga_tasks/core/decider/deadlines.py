@@ -148,7 +148,10 @@ def _hand_to_a_person(tx: Transition, due: _Due) -> bool:
             reason=f"{st.compensation_attempt} attempts had no answer",
         )
     if stuck:
-        reason = f"step {stuck[0].name!r} cannot be undone and its outcome is unknown ({due.why})"
+        reason = (
+            f"step {stuck[0].name!r} cannot be undone and its outcome is unknown ({due.why}); "
+            "retry it to learn the outcome, or resolve by hand"
+        )
     else:
         attempts = tx.steps[due.exhausted[0].name].compensation_attempt
         reason = (
