@@ -342,7 +342,10 @@ class ServiceUsers:
         settings = Settings.from_env(
             {},
             **{
-                **{f: getattr(self.admin_settings, f) for f in ("database_url", "retry_tiers")},
+                **{
+                    f: getattr(self.admin_settings, f)
+                    for f in ("database_url", "participant_database_url", "retry_tiers")
+                },
                 "broker_url": self.url(service),
                 "broker_user_prefix": self.prefix,
                 "poison_limit": 2,
