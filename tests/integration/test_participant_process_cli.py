@@ -1,5 +1,5 @@
 """``saga-tasks`` in a participant's own process: given its own database only, as
-``participant_env`` gives it (``SAGA_DATABASE_URL`` empty, ``SAGA_PARTICIPANT_DATABASE_URL``
+``service_env`` gives it (``SAGA_DATABASE_URL`` empty, ``SAGA_PARTICIPANT_DATABASE_URL``
 naming that participant alone)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from saga_tasks.ops.processes import participant_env
+from saga_tasks.ops.processes import service_env
 from saga_tasks.testing import Isolation
 from tests.helpers import ADMIN_URL, PREFIX
 
@@ -31,11 +31,11 @@ def orders_process(template_database):
     with Isolation(
         admin_database_url=ADMIN_URL,
         prefix=PREFIX,
-        template=template_database,
+        template=f"{template_database}_apart",
         participants=("orders", "inventory", "payments"),
     ) as iso:
         whole = {**os.environ, **iso.env(SAGA_TASKS_APP="participants.app:saga_app")}
-        env = participant_env(whole, "orders")
+        env = service_env(whole, "orders")
         assert env["SAGA_DATABASE_URL"] == ""
         assert env["SAGA_PARTICIPANT_DATABASE_URL"].startswith("orders=")
         yield env
