@@ -135,7 +135,7 @@ def test_participant_killed_before_commit_leaves_nothing_and_runs_again(order_ap
     wait_for(lambda: not payments.alive(), timeout=30, describe="the payments worker to die")
     # Died inside its transaction: no authorization, no ledger row, no reply.
     for table in ("payments.authorization", "payments.command_ledger", "payments.outbox"):
-        assert scalar(order_app.engine, f"SELECT count(*) FROM {table}") == 0, table
+        assert scalar(participant_db(order_app, "payments"), f"SELECT count(*) FROM {table}") == 0
     workers.start("payments", ["payments.commands"])  # the unacked command comes back
     state = wait_for(
         lambda: (s := order_app.orchestrator.get(handle.saga_id)).status in TERMINAL_SAGA and s,

@@ -148,7 +148,12 @@ def test_a_worker_records_parks_and_acks_a_message_with_a_nul_in_its_task_name(
         describe="the message acked and parked once",
     )
     assert orders.alive(), orders.tail(40)
-    assert "invalid message: unknown task 'orders.cre\\x00ate'" in orders.log_text()
+    # Parked first, then logged: the line may trail the parked copy by a moment.
+    wait_for(
+        lambda: "invalid message: unknown task 'orders.cre\\x00ate'" in orders.log_text(),
+        timeout=10,
+        describe="the worker's log line on the invalid message",
+    )
     orders.stop()  # an unacked message would be ready again now
     assert queue_depths(settings.broker_url, ["orders.commands", "saga.parking_lot"]) == {
         "orders.commands": 0,
