@@ -2,7 +2,8 @@
 # The whole test suite: services up, a venv with the dev extras, lint, types, tests.
 # Each test gets its own RabbitMQ vhost and PostgreSQL database; all are removed after.
 #
-#   ./scripts/test.sh                 everything
+#   ./scripts/test.sh                 everything: the tests two at a time (SAGA_TEST_WORKERS),
+#                                     then alone the one that restarts RabbitMQ and PostgreSQL
 #   ./scripts/test.sh tests/unit -x   pytest arguments are passed on (lint and types still run)
 set -euo pipefail
 source "$(dirname "$0")/services.sh"
@@ -20,4 +21,11 @@ ruff format --check .
 say "mypy"
 mypy
 say "pytest"
-python -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+  python -m pytest "$@"
+else
+  # Each test has a vhost and databases of its own, so two run side by side (one per
+  # core); a test file stays on one worker. The chaos run restarts the services: alone.
+  python -m pytest -n "${SAGA_TEST_WORKERS:-2}" --dist loadfile -m "not exclusive"
+  python -m pytest -m exclusive
+fi

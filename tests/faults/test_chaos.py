@@ -33,6 +33,7 @@ from tools.chaos.services import (
 SAGAS = 80
 
 
+@pytest.mark.exclusive  # it restarts RabbitMQ and PostgreSQL: no other test may run meanwhile
 @pytest.mark.timeout(300)  # a whole chaos run, with restarts of both services
 def test_a_short_chaos_run_breaks_no_invariant(tmp_path, template_database):
     """80 sagas over 20 s: a SIGKILL every 2.5 s, RabbitMQ down and up, then PostgreSQL,
