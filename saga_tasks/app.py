@@ -29,6 +29,7 @@ from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.registry import Registry
 from saga_tasks.core.senders import Senders
 from saga_tasks.errors import ConfigurationError, CrossParticipantCompensation
+from saga_tasks.messaging.admin import queue_depths
 from saga_tasks.messaging.celery_config import celery_app
 from saga_tasks.messaging.dispatcher import Dispatcher
 from saga_tasks.messaging.publisher import Publisher, task_message_encoder
@@ -137,6 +138,7 @@ class SagaApp:
             topology=self.topology,
             outlet=outlet,
             clock=clock,
+            backlog=lambda: queue_depths(settings.broker_url, self.topology.command_queues),
         )
         self.runtimes = {
             p.name: ParticipantRuntime(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -33,6 +33,10 @@ class ReplyReceived:
 @dataclass(frozen=True)
 class DeadlinePassed:
     """The sweeper found a deadline of this saga due; the decider works out which."""
+
+    backlog: Mapping[str, int] = field(default_factory=dict)
+    """Messages waiting in each command queue as this sweep saw them: a command still
+    queued behind them explains the silence, so it is not sent again (nor given up)."""
 
 
 @dataclass(frozen=True)

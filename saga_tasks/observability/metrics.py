@@ -50,7 +50,8 @@ STEP_LATENCY = Histogram(
 )
 TIMEOUTS = Counter(
     "saga_timeouts_total",
-    "Deadlines that passed: re-sends, steps given up, compensations re-sent or exhausted",
+    "Deadlines that passed: re-sends, re-sends deferred behind a queue's backlog, steps "
+    "given up, compensations re-sent or exhausted",
     ["saga_type", "step", "action"],
 )
 SWEEP_HANDED_OVER = Counter(
@@ -64,6 +65,7 @@ COMPENSATIONS = Counter(
 
 _TIMEOUT_EVENTS = {
     "step_resent": "resent",
+    "resend_deferred": "resend_deferred",
     "step_given_up": "given_up",
     "compensation_resent": "compensation_resent",
     "compensation_exhausted": "compensation_exhausted",

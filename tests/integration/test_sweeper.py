@@ -239,3 +239,28 @@ def test_sagas_that_cannot_be_decided_never_starve_the_others(clocked_app, clock
         assert state.status is SagaStatus.COMPENSATING
         assert state.next_wake_at() > clock.now(), "due for nothing: not claimed again"
     assert app.sweeper.sweep().claimed == 0
+
+
+def test_a_command_queued_behind_a_backlog_is_not_sent_again(clocked_app, clock, settings):
+    """The reserve command waits in a backed-up queue (nobody consumes it yet): at its
+    deadline the sweeper sees the queue's depth and sends no copy (it would double the
+    queue's work); once the queue is empty, the silence is the participant's and the
+    command is sent again."""
+    from saga_tasks.testing import queue_depths
+
+    app, url = clocked_app, settings.broker_url
+    handle = create_and_advance_to_reserve(app, url, "backlog-1")
+    assert queue_depths(url, ["inventory.commands"]) == {"inventory.commands": 1}
+    clock.advance(31)
+    report = app.sweeper.sweep()
+    assert (report.claimed, report.changed, report.commands) == (1, 1, 0)
+    assert queue_depths(url, ["inventory.commands"]) == {"inventory.commands": 1}
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.steps["reserve_stock"].attempt == 1
+    assert events(app, handle.saga_id)[-1] == "resend_deferred"
+    (waiting,) = drain(url, "inventory.commands")  # lost on the way, say
+    clock.advance(31)
+    assert app.sweeper.sweep().commands == 1
+    (resent,) = drain(url, "inventory.commands")
+    assert resent["headers"]["saga_command_id"] == waiting["headers"]["saga_command_id"]
+    assert app.orchestrator.get(handle.saga_id).steps["reserve_stock"].attempt == 2

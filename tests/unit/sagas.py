@@ -104,9 +104,10 @@ class Driver:
             error_code=code or (None if outcome is Outcome.SUCCESS else "refused"),
         )
 
-    def tick(self, seconds: float) -> Decision:
-        """Let ``seconds`` pass, then run the sweeper's event."""
-        return self.apply(DeadlinePassed(), step=seconds)
+    def tick(self, seconds: float, backlog: dict[str, int] | None = None) -> Decision:
+        """Let ``seconds`` pass, then run the sweeper's event (``backlog``: messages waiting
+        in each queue, as the sweeper saw them)."""
+        return self.apply(DeadlinePassed(backlog or {}), step=seconds)
 
     def succeed(self, step_name: str) -> Decision:
         return self.apply(self.reply(step_name))

@@ -203,16 +203,21 @@ class SagaWorld(RuleBasedStateMachine):
             ),
         )
 
-    @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 40.0]))
-    def time_passes(self, seconds: float) -> None:
+    @rule(
+        seconds=st.sampled_from([0.5, 3.0, 11.0, 40.0]),
+        backlog=st.sampled_from([0, 0, 0, 7]),
+    )
+    def time_passes(self, seconds: float, backlog: int = 0) -> None:
         """The sweeper as ``Sweeper.sweep`` runs it: a saga is claimed only when its
-        wake-up time has passed, and one the decider leaves still due is handed over."""
+        wake-up time has passed, and one the decider leaves still due is handed over.
+        Sometimes the queue is backed up as the sweeper looks (steps then wait on)."""
         self.driver.now += timedelta(seconds=seconds)
         now, before = self.driver.now, self.driver.state
         wake = before.next_wake_at()
         if wake is None or wake > now:
             return
-        decision = decide(self.defn, before, DeadlinePassed(), now)
+        event = DeadlinePassed({"p.commands": backlog})
+        decision = decide(self.defn, before, event, now)
         after = decision.state.next_wake_at()
         if after is not None and after <= now:
             steps = ", ".join(f"{n} {x.status.value}" for n, x in decision.state.steps.items())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from saga_tasks.core.definitions import saga, step
 from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
-from tests.unit.sagas import Driver
+from tests.unit.sagas import Driver, linear
 
 
 def order_like(late_reply: str = "compensate", *, last_compensable: bool = True):
@@ -189,3 +191,66 @@ def test_a_compensation_answering_after_it_was_given_up_is_late():
     assert decision.classification is Classification.LATE
     assert "step is undone" in decision.history[0].reason
     assert d.state.status is SagaStatus.MANUAL_REVIEW
+
+
+def test_a_step_queued_behind_a_backlog_waits_on_instead_of_being_sent_again():
+    """Silence explained by a backlog in the step's queue: no copy is sent (it would double
+    the queue's work), no attempt is spent, the deadline moves on by the step's timeout,
+    and the history says why. Once the queue is empty, the silence is the participant's
+    again and the command is sent again as before."""
+    d = Driver(linear(2))
+    d.start()
+    waited = d.tick(31, backlog={"p.commands": 120})
+    st = d.state.steps["s0"]
+    assert not waited.commands and st.status is StepStatus.REQUESTED and st.attempt == 1
+    assert st.deadline == d.now + timedelta(seconds=30)
+    assert [h.event for h in waited.history] == ["resend_deferred"]
+    assert "p.commands holds 120 messages waiting" in waited.history[0].reason
+    resent = d.tick(31, backlog={"p.commands": 0, "other.commands": 9})
+    assert [c.attempt for c in resent.commands] == [2]
+    assert d.state.steps["s0"].attempt == 2
+
+
+def test_a_backlog_spends_no_attempt_but_the_sagas_own_deadline_still_holds():
+    """Slow under load is no reason to give up a step: past its last attempt, a step whose
+    queue is backed up still waits. The saga's own deadline is the bound: past it the
+    step is given up and the rest compensated, backlog or not."""
+    d = Driver(linear(2))
+    d.start()
+    for _ in range(2):
+        d.tick(31)  # attempts 2 and 3 sent
+    assert d.state.steps["s0"].attempt == 3
+    d.tick(31, backlog={"p.commands": 5})
+    assert d.state.status is SagaStatus.RUNNING
+    assert d.state.steps["s0"].status is StepStatus.REQUESTED
+    d.tick(600, backlog={"p.commands": 5})  # the saga's own deadline (10 minutes) passed
+    # Given up (its outcome unknown) and compensated at once, as any step past its bound.
+    assert d.state.steps["s0"].given_up
+    assert d.state.status is SagaStatus.COMPENSATING
+
+
+def test_a_compensation_queued_behind_a_backlog_waits_on_too():
+    d = Driver(linear(2))
+    d.start()
+    d.succeed("s0")
+    d.fail("s1")
+    assert d.state.steps["s0"].status is StepStatus.COMPENSATING
+    waited = d.tick(31, backlog={"p.commands": 3})
+    assert not waited.commands and d.state.steps["s0"].compensation_attempt == 1
+    assert [h.event for h in waited.history] == ["resend_deferred"]
+    assert [c.kind for c in d.tick(31).commands] == [MessageKind.COMPENSATION]
+
+
+def test_patience_with_a_backlog_is_bounded():
+    """A queue that never drains (no consumer at all) must still end in a decision: after
+    BACKLOG_PATIENCE timeouts since the command was last sent, it is sent again."""
+    from saga_tasks.core.decider.deadlines import BACKLOG_PATIENCE
+
+    d = Driver(linear(1))
+    d.start()
+    deferred = 0
+    while not (sent := d.tick(31, backlog={"p.commands": 50})).commands:
+        deferred += 1
+        assert deferred < 100
+    assert deferred == BACKLOG_PATIENCE - 1
+    assert [c.attempt for c in sent.commands] == [2]

@@ -1,16 +1,22 @@
 """Deadlines (``DeadlinePassed``, from the sweeper): what a saga does about silence.
 
-A step with no answer by its deadline is sent again, same command id, until its retry
-policy is spent; then it is given up, its outcome unknown, and compensated at once or
-left ``TIMED_OUT`` by its late-reply policy while the saga compensates the rest. A step
-that cannot be undone and gives no answer puts the saga in MANUAL_REVIEW. A compensation
-or a fence with no answer is sent again until its policy is spent; then the saga goes to
-MANUAL_REVIEW. The saga's own deadline turns a RUNNING saga to compensation, giving up
-what is in flight.
+A step with no answer by its deadline whose queue holds a backlog waits on: the command is
+most likely still queued behind it, and the silence is the backlog's, not the
+participant's. Its deadline moves on by the step's timeout (history ``resend_deferred``),
+for at most ``BACKLOG_PATIENCE`` timeouts since it was last sent;
+nothing is sent (a copy would double the work of a backed-up queue) and no attempt is
+spent (being slow under load is no reason to give up). Otherwise a step with no answer is
+sent again, same command id, until its retry policy is spent; then it is given up, its
+outcome unknown, and compensated at once or left ``TIMED_OUT`` by its late-reply policy
+while the saga compensates the rest. A step that cannot be undone and gives no answer
+puts the saga in MANUAL_REVIEW. A compensation or a fence with no answer is sent again
+until its policy is spent; then the saga goes to MANUAL_REVIEW. The saga's own deadline
+turns a RUNNING saga to compensation, giving up what is in flight (a backlog or not).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -21,12 +27,19 @@ from saga_tasks.core.definitions import LateReplyPolicy, Step
 from saga_tasks.core.model import StepState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
 
+BACKLOG_PATIENCE = 10
+"""A command waits behind a backlog for at most this many of its step's timeouts since it
+was last sent; then its silence is the participant's again (sent again, or given up), so
+a queue that never drains (no consumer at all) still ends in a decision, and an alert."""
 
-def on_deadline(tx: Transition) -> None:
-    """Act on every deadline that has passed; a sweep that finds none changes nothing."""
+
+def on_deadline(tx: Transition, backlog: Mapping[str, int] | None = None) -> None:
+    """Act on every deadline that has passed; a sweep that finds none changes nothing.
+    ``backlog``: messages waiting in each command queue, as the sweeper saw them."""
     if tx.status not in ACTIVE_SAGA:
         return
-    due = _find_due(tx)
+    due = _find_due(tx, backlog or {})
+    _wait_behind_backlogs(tx, due)
     if not _chase_fences(tx, due.fences) or not due.anything:
         return
     # What needs a person is settled first, and then nothing at all is sent.
@@ -59,6 +72,9 @@ class _Due:
 
     running: bool
     saga_expired: bool
+    backlog: Mapping[str, int] = field(default_factory=dict)
+    waiting: list[Step] = field(default_factory=list)
+    """Commands or compensations whose queue holds a backlog: they wait on."""
     resend: list[Step] = field(default_factory=list)
     """Forward commands with attempts left."""
     give_up: list[Step] = field(default_factory=list)
@@ -85,7 +101,17 @@ class _Due:
 
     def add(self, s: Step, st: StepState, now: datetime) -> None:
         step_due = st.deadline is not None and st.deadline <= now
-        if st.status is StepStatus.REQUESTED and (step_due or self.saga_expired):
+        sent_at = st.requested_at or now
+        patient = now - sent_at < BACKLOG_PATIENCE * s.timeout
+        queued_behind = self.backlog.get(s.queue, 0) > 0 and patient
+        if (
+            step_due
+            and queued_behind
+            and not self.saga_expired
+            and (st.status in (StepStatus.REQUESTED, StepStatus.COMPENSATING))
+        ):
+            self.waiting.append(s)
+        elif st.status is StepStatus.REQUESTED and (step_due or self.saga_expired):
             attempts_left = st.attempt < s.retry.max_attempts
             if step_due and self.running and not self.saga_expired and attempts_left:
                 self.resend.append(s)
@@ -100,12 +126,29 @@ class _Due:
             self.fences.append(s)
 
 
-def _find_due(tx: Transition) -> _Due:
+def _find_due(tx: Transition, backlog: Mapping[str, int]) -> _Due:
     running = tx.status is SagaStatus.RUNNING
-    due = _Due(running, running and tx.deadline is not None and tx.deadline <= tx.now)
+    expired = running and tx.deadline is not None and tx.deadline <= tx.now
+    due = _Due(running, expired, backlog)
     for s in tx.definition.steps:
         due.add(s, tx.steps[s.name], tx.now)
     return due
+
+
+def _wait_behind_backlogs(tx: Transition, due: _Due) -> None:
+    """Move each waiting step's deadline on by its timeout, saying why; nothing is sent."""
+    for s in due.waiting:
+        st = tx.steps[s.name]
+        tx.changed = True
+        tx.set_step(
+            s.name,
+            st.evolve(deadline=tx.now + s.timeout),
+            "resend_deferred",
+            reason=(
+                f"no answer yet, and {s.queue} holds {due.backlog[s.queue]} messages waiting: "
+                "the command is likely queued behind them; not sent again"
+            ),
+        )
 
 
 def _chase_fences(tx: Transition, fences: list[Step]) -> bool:
