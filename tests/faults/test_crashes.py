@@ -14,6 +14,7 @@ PARTICIPANT_QUEUES = ["orders.commands", "inventory.commands", "payments.command
 
 
 @pytest.mark.demo_faults
+@pytest.mark.timeout(180)  # 30 sagas through a kill and a restart, two tests at a time
 def test_orchestrator_killed_mid_saga_and_restarted(order_app, workers):
     sagas = 30
     orchestrator = workers.orchestrator(pool="prefork", concurrency=2)
