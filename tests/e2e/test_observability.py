@@ -293,6 +293,9 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
         page.screenshot(path=str(tmp_path / "saga.png"), full_page=True)
         # A wrong token is refused and said so on the page.
         page.goto(served + f"/ui/sagas/{done.saga_id}")
+        # The page arrives as a shell and its script fetches it again with the tab's
+        # token: wait for that, or the wrong token below would be the one it fetches with.
+        expect(page.locator("#reason")).to_be_visible()
         page.fill("#token", "not-the-token-000000")
         page.dispatch_event("#token", "change")
         page.fill("#reason", "should not work")

@@ -68,6 +68,16 @@ def test_participant_killed_after_commit_reply_recovered_from_outbox(order_app, 
         scalar(participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.reservation")
         == 1
     )
+    # Old enough for recovery (SAGA_RELAY_MIN_AGE=1) before the service is back, so its
+    # first recovery pass (before it takes a message) is what publishes the reply.
+    wait_for(
+        lambda: scalar(
+            participant_db(order_app, "inventory"),
+            "SELECT count(*) FROM inventory.outbox WHERE created_at < now() - interval '2 s'",
+        ),
+        timeout=10,
+        describe="the unpublished reply to be old enough for recovery",
+    )
     restarted = workers.start("inventory-again", ["inventory.commands"])
     state = wait_for(
         lambda: (s := order_app.orchestrator.get(handle.saga_id)).status in TERMINAL_SAGA and s,
