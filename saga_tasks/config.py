@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -377,7 +378,12 @@ class Settings:
         return int(self.beat_lock_timeout)
 
     def _participant_urls(self) -> dict[str, str]:
-        """``SAGA_PARTICIPANT_DATABASE_URL`` as name -> URL; ``*`` for every other name."""
+        """``SAGA_PARTICIPANT_DATABASE_URL`` as name -> URL; ``*`` for every other name.
+        Parsed once: every command a participant handles asks for its database."""
+        return dict(self._parsed_participant_urls)
+
+    @cached_property
+    def _parsed_participant_urls(self) -> dict[str, str]:
         value = self.participant_database_url.strip()
         if not value:
             return {}
