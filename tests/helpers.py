@@ -40,6 +40,7 @@ __all__ = [
     "to_reserve",
     "participant_db",
     "pump",
+    "reserved",
     "reserve_command_id",
     "rows",
     "run_command",
@@ -80,6 +81,12 @@ def participant_db(app: Any, name: str) -> Any:
     """The engine of participant ``name``'s own database (the orchestrator's, when the
     test keeps every schema in one)."""
     return app.participant_engine(name)
+
+
+def reserved(app: Any, sku: str = "sku-1") -> int:
+    """Units of ``sku`` the inventory participant holds reserved, read in its database."""
+    sql = "SELECT reserved FROM inventory.stock WHERE sku = :sku"
+    return scalar(participant_db(app, "inventory"), sql, sku=sku)
 
 
 def rows(engine: Any, sql: str, **params: Any) -> list[dict[str, Any]]:
@@ -231,13 +238,7 @@ def assert_each_effect_once(app, sagas: int) -> None:
         )
         == sagas
     )
-    assert (
-        scalar(
-            participant_db(app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
-        )
-        == 2 * sagas
-    )
+    assert reserved(app, "sku-1") == 2 * sagas
     # Each step's command ran once per saga: one ledger row per command id.
     for schema, per_saga in (("orders", 2), ("inventory", 1), ("payments", 1)):
         ledger = f"SELECT count(*) FROM {schema}.command_ledger"

@@ -10,7 +10,7 @@ from kombu import Connection
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import queue_depths, wait_for, wait_for_status
-from tests.helpers import ORDER, participant_db, rows, scalar
+from tests.helpers import ORDER, participant_db, reserved, rows, scalar
 
 
 def test_happy_path(order_app, workers):
@@ -27,13 +27,7 @@ def test_happy_path(order_app, workers):
         )
         == "CONFIRMED"
     )
-    assert (
-        scalar(
-            participant_db(order_app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
-        )
-        == 2
-    )
+    assert reserved(order_app, "sku-1") == 2
     assert (
         scalar(participant_db(order_app, "payments"), "SELECT status FROM payments.authorization")
         == "AUTHORIZED"
@@ -55,13 +49,7 @@ def test_stock_failure_cancels_the_order(order_app, workers):
         scalar(participant_db(order_app, "orders"), "SELECT status FROM orders.orders")
         == "CANCELLED"
     )
-    assert (
-        scalar(
-            participant_db(order_app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-scarce'",
-        )
-        == 0
-    )
+    assert reserved(order_app, "sku-scarce") == 0
 
 
 def test_payment_declined_releases_stock_and_cancels_the_order(order_app, workers):
@@ -77,13 +65,7 @@ def test_payment_declined_releases_stock_and_cancels_the_order(order_app, worker
         "SKIPPED",
     ]
     engine = order_app.engine
-    assert (
-        scalar(
-            participant_db(order_app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
-        )
-        == 0
-    )
+    assert reserved(order_app, "sku-1") == 0
     assert (
         scalar(participant_db(order_app, "inventory"), "SELECT status FROM inventory.reservation")
         == "RELEASED"
@@ -105,13 +87,7 @@ def test_same_business_key_started_twice_is_one_saga(order_app, workers):
     assert second.saga_id == first.saga_id and not second.created
     assert second.status is SagaStatus.COMPLETED
     assert scalar(participant_db(order_app, "orders"), "SELECT count(*) FROM orders.orders") == 1
-    assert (
-        scalar(
-            participant_db(order_app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
-        )
-        == 2
-    )
+    assert reserved(order_app, "sku-1") == 2
 
 
 @pytest.mark.demo_faults
@@ -164,13 +140,7 @@ def test_a_command_delivered_twice_has_one_effect(order_app, workers):
         scalar(participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.reservation")
         == 1
     )
-    assert (
-        scalar(
-            participant_db(order_app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
-        )
-        == 2
-    )
+    assert reserved(order_app, "sku-1") == 2
     assert (
         scalar(
             participant_db(order_app, "inventory"), "SELECT count(*) FROM inventory.command_ledger"

@@ -8,7 +8,7 @@ import pytest
 
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
-from tests.helpers import ORDER, assert_each_effect_once, participant_db, rows, scalar
+from tests.helpers import ORDER, assert_each_effect_once, participant_db, reserved, rows, scalar
 
 
 def history(app, saga_id):
@@ -47,13 +47,7 @@ def test_payment_timeout_late_success_is_compensated(fast_app, workers):
         scalar(participant_db(fast_app, "inventory"), "SELECT status FROM inventory.reservation")
         == "RELEASED"
     )
-    assert (
-        scalar(
-            participant_db(fast_app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
-        )
-        == 0
-    )
+    assert reserved(fast_app, "sku-1") == 0
     assert (
         scalar(participant_db(fast_app, "orders"), "SELECT status FROM orders.orders")
         == "CANCELLED"
@@ -113,13 +107,7 @@ def test_orchestrator_killed_during_compensation(fast_app, workers):
         )
         == 4
     )
-    assert (
-        scalar(
-            participant_db(fast_app, "inventory"),
-            "SELECT reserved FROM inventory.stock WHERE sku = 'sku-1'",
-        )
-        == 0
-    )
+    assert reserved(fast_app, "sku-1") == 0
     assert (
         scalar(
             participant_db(fast_app, "orders"),
