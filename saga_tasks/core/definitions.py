@@ -17,6 +17,7 @@ problem (duplicate step, unknown dependency, cycle, missing queue) is a typed
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -66,17 +67,47 @@ class DeadLetterPolicy(StrEnum):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often the orchestrator sends the same command before it gives up on a step.
+    """How often, and how far apart, the orchestrator sends the same command.
 
-    Re-sends keep the command id, so an idempotent participant runs the work once.
+    Re-sends keep the command id, so an idempotent participant runs the work once. The
+    first attempt waits the step's timeout; each later one waits ``backoff`` times longer
+    than the one before, up to ``max_interval``, less a share of up to ``jitter`` (the
+    same for a given command and attempt, so the decider stays deterministic) so that
+    sagas silenced together are not all sent again together.
     """
 
     max_attempts: int = 3
-    """Sends of one command in all, the first included; at least 1."""
+    """Sends of one command before the step is given up; at least 1. A step that cannot
+    be undone, and a compensation, are not given up: they are sent again, at most
+    ``max_interval`` apart, until they answer, with an alert once these are spent."""
+    backoff: float = 2.0
+    """How much longer each attempt waits than the one before; at least 1."""
+    max_interval: timedelta | None = None
+    """The longest wait of one attempt; None: ten times the step's timeout."""
+    jitter: float = 0.25
+    """The largest share taken off an attempt's wait at random; 0 to below 1."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.backoff < 1:
+            raise ValueError("RetryPolicy.backoff must be at least 1")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("RetryPolicy.jitter must be at least 0 and below 1")
+        if self.max_interval is not None and self.max_interval <= timedelta(0):
+            raise ValueError("RetryPolicy.max_interval must be positive")
+
+    def wait(self, timeout: timedelta, attempt: int, key: str) -> timedelta:
+        """How long attempt ``attempt`` (1 the first) of a step with ``timeout`` waits
+        for its answer; ``key`` names the command, whose jitter it fixes."""
+        if attempt <= 1:
+            return timeout
+        base = timeout.total_seconds()
+        cap = max((self.max_interval or timeout * 10).total_seconds(), base)
+        grown = min(base * self.backoff ** min(attempt - 1, 64), cap)
+        digest = hashlib.blake2b(f"{key}:{attempt}".encode(), digest_size=8).digest()
+        share = int.from_bytes(digest, "big") / 2**64
+        return timedelta(seconds=max(base, grown * (1 - self.jitter * share)))
 
 
 @runtime_checkable
@@ -108,9 +139,10 @@ class Step:
     timeout: timedelta = timedelta(seconds=30)
     """How long one attempt may wait for its reply."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    """Sends of the forward command before the step counts as failed."""
+    """Sends of the forward command before the step is given up (a step without a
+    compensation is not: it is sent again until it answers), and how far apart."""
     compensation_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=5))
-    """Sends of the compensation before the saga goes to manual review."""
+    """Sends of the compensation before an alert; it is sent again until it answers."""
     late_reply: LateReplyPolicy = LateReplyPolicy.COMPENSATE
     """What a reply that comes after the step was given up does."""
     on_dead_letter: DeadLetterPolicy = DeadLetterPolicy.COMPENSATE

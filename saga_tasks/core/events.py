@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -37,6 +38,9 @@ class DeadlinePassed:
     backlog: Mapping[str, int] = field(default_factory=dict)
     """Messages waiting in each command queue as this sweep saw them: a command still
     queued behind them explains the silence, so it is not sent again (nor given up)."""
+    dispatch: Mapping[str, datetime | None] = field(default_factory=dict)
+    """Step -> when its latest command under flow control left for the broker, or None
+    while it waits for capacity: a step's deadline runs from dispatch."""
 
 
 @dataclass(frozen=True)

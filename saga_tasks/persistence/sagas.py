@@ -20,7 +20,7 @@ from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.core.model import SagaState, StepState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
 from saga_tasks.errors import ConcurrencyConflict
-from saga_tasks.persistence import outbox, recordset
+from saga_tasks.persistence import dispatch, outbox, recordset
 from saga_tasks.persistence.prepared import Prepared
 from saga_tasks.persistence.tables import (
     saga_history,
@@ -101,15 +101,17 @@ def _insert_started_sql() -> Prepared:
     steps = recordset.insert_from(saga_step, STEP_COLUMNS, "steps", also_from="started")
     history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history", also_from="started")
     commands = outbox.insert_sql(saga_outbox, "outbox", also_from="started")
+    held = dispatch.insert_sql("dispatch", also_from="started")
     sql = f"""WITH started AS (
               INSERT INTO saga.saga_instance ({cols}) VALUES ({values})
               ON CONFLICT (saga_type, business_key) DO NOTHING RETURNING 1 AS one),
             steps AS ({steps} RETURNING 1),
             history AS ({history} RETURNING 1),
-            commands AS ({commands} RETURNING 1)
+            commands AS ({commands} RETURNING 1),
+            held AS ({held} RETURNING 1)
             SELECT count(*) FROM started"""  # noqa: S608 - identifiers are ours; values bound
     types = {c: _pg_type(saga_instance.c[c]) for c in _SAGA_INSERT_COLUMNS}
-    types.update(steps="jsonb", history="jsonb", outbox="jsonb")
+    types.update(steps="jsonb", history="jsonb", outbox="jsonb", dispatch="jsonb")
     return Prepared("saga_insert_started", sql, types)
 
 
@@ -125,9 +127,11 @@ def insert_new(
     *,
     history: Sequence[Mapping[str, Any]],
     messages: Sequence[OutboundMessage],
+    held: Sequence[OutboundMessage] = (),
 ) -> bool:
     """Insert a saga with its steps, first history lines and first commands, unless its
-    (type, business key) exists; True when inserted. One statement.
+    (type, business key) exists; True when inserted. One statement. ``held``: commands
+    to queues under flow control, which wait for capacity (``dispatch.release``).
 
     A concurrent start with the same key blocks on the unique index until the first
     transaction ends, then conflicts: exactly one saga per key, whatever the timing.
@@ -155,6 +159,7 @@ def insert_new(
         ),
         "history": recordset.encode(history),
         "outbox": outbox.rows(messages),
+        "dispatch": dispatch.rows(held),
     }
     return bool(_INSERT_STARTED.execute(conn, params).scalar_one())
 
@@ -389,13 +394,19 @@ def _write_changes_sql() -> Prepared:
     updated = ", ".join(f"{c} = excluded.{c}" for c in STEP_COLUMNS[3:])
     history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history", where=saved_all)
     commands = outbox.insert_sql(saga_outbox, "outbox", where=saved_all)
+    held = dispatch.insert_sql("dispatch", where=saved_all)
+    freed = dispatch.free_sql("freed", where=saved_all)
     sql = f"""WITH saved AS ({cas}),
             steps AS ({steps} ON CONFLICT ON CONSTRAINT pk_saga_step DO UPDATE SET {updated}
                       RETURNING 1),
             history AS ({history} RETURNING 1),
-            commands AS ({commands} RETURNING 1)
+            commands AS ({commands} RETURNING 1),
+            held AS ({held} RETURNING 1),
+            freed AS ({freed} RETURNING 1)
             SELECT count(*) FROM saved"""  # noqa: S608 - identifiers are ours; values bound
-    json_params = dict.fromkeys(("sagas", "steps", "history", "outbox"), "jsonb")
+    json_params = dict.fromkeys(
+        ("sagas", "steps", "history", "outbox", "dispatch", "freed"), "jsonb"
+    )
     return Prepared(
         "saga_write_changes",
         sql,
@@ -414,6 +425,10 @@ class Changes:
     steps: list[dict[str, Any]] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     messages: list[OutboundMessage] = field(default_factory=list)
+    held: list[OutboundMessage] = field(default_factory=list)
+    """Commands to queues under flow control: they wait for capacity, not in the outbox."""
+    freed: list[tuple[str, str]] = field(default_factory=list)
+    """(saga id, step) whose earlier commands stop counting against their queue's limit."""
 
     def save(
         self,
@@ -459,7 +474,7 @@ def write_changes(conn: Connection, changes: Changes, now: datetime) -> None:
     meanwhile, ``ConcurrencyConflict`` (the caller's transaction rolls back, and the
     message is retried or the sweep batch swept again).
     """
-    if not (changes.sagas or changes.history or changes.messages):
+    if not (changes.sagas or changes.history or changes.messages or changes.held):
         return
     saved = _WRITE_CHANGES.execute(
         conn,
@@ -473,6 +488,7 @@ def write_changes(conn: Connection, changes: Changes, now: datetime) -> None:
             "steps": recordset.encode(changes.steps),
             "history": recordset.encode(changes.history),
             "outbox": outbox.rows(changes.messages),
+            **dispatch.params(changes.held, changes.freed),
         },
     ).scalar_one()
     if saved != len(changes.sagas):

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Identity,
     Index,
     Integer,
@@ -294,3 +295,40 @@ status_sample = Table(
 )
 """How many sagas were in each status, every ``SAGA_SAMPLE_INTERVAL`` seconds: the
 dashboard's counts over time, read without touching the saga table."""
+
+saga_dispatch = Table(
+    "saga_dispatch",
+    metadata,
+    Column("message_id", UUID(as_uuid=False), primary_key=True),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("step", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("task_name", Text, nullable=False),
+    Column("routing_key", Text),
+    Column("headers", JSONB, nullable=False),
+    Column("body", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("sent_at", DateTime(timezone=True)),
+    Index(
+        "ix_dispatch_waiting",
+        "queue",
+        "created_at",
+        postgresql_where=text("sent_at IS NULL"),
+    ),
+    Index("ix_dispatch_sent", "queue", postgresql_where=text("sent_at IS NOT NULL")),
+    Index("ix_dispatch_saga", "saga_id", "step"),
+    schema=SAGA_SCHEMA,
+)
+"""Commands to a queue with a flow limit, from the decision that sent them until their
+step answers. ``sent_at`` NULL: waiting for capacity (the message is here, not in the
+outbox); set: moved to the outbox and counted in flight."""
+
+dispatch_rate = Table(
+    "dispatch_rate",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    schema=SAGA_SCHEMA,
+)
+"""The token bucket of each queue with a rate limit."""

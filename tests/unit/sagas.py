@@ -23,7 +23,9 @@ from saga_tasks.core.states import (
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def linear(n: int = 4, *, compensable: Iterable[bool] | None = None) -> SagaDefinition:
+def linear(
+    n: int = 4, *, compensable: Iterable[bool] | None = None, timeout: float = 600
+) -> SagaDefinition:
     flags = list(compensable) if compensable is not None else [True] * n
     return saga(
         "linear",
@@ -36,6 +38,7 @@ def linear(n: int = 4, *, compensable: Iterable[bool] | None = None) -> SagaDefi
             )
             for i in range(n)
         ),
+        timeout=timeout,
     )
 
 
@@ -53,12 +56,12 @@ def diamond() -> SagaDefinition:
 class Driver:
     """Feeds events to the decider the way the shell does, keeping the latest state."""
 
-    def __init__(self, definition: SagaDefinition) -> None:
+    def __init__(self, definition: SagaDefinition, saga_id: str | None = None) -> None:
         self.definition = definition
         self.now = T0
         self.state = SagaState.new(
             definition,
-            saga_id=str(uuid.uuid4()),
+            saga_id=saga_id or str(uuid.uuid4()),
             business_key="k",
             payload={"x": 1},
             now=self.now,
@@ -109,6 +112,18 @@ class Driver:
         in each queue, as the sweeper saw them)."""
         return self.apply(DeadlinePassed(backlog or {}), step=seconds)
 
+    def lapse(
+        self,
+        backlog: dict[str, int] | None = None,
+        dispatch: dict[str, datetime | None] | None = None,
+    ) -> Decision:
+        """Let time pass just beyond the saga's next deadline (an attempt's wait grows with
+        its backoff), then run the sweeper's event."""
+        wake = self.state.next_wake_at()
+        assert wake is not None, "nothing is awaited"
+        seconds = max((wake - self.now).total_seconds(), 0) + 0.5
+        return self.apply(DeadlinePassed(backlog or {}, dispatch or {}), step=seconds)
+
     def succeed(self, step_name: str) -> Decision:
         return self.apply(self.reply(step_name))
 
@@ -158,7 +173,12 @@ def check(
     for c in decision.commands:
         st_ = after.steps[c.step]
         if c.kind is MessageKind.COMMAND:
-            assert after.status is SagaStatus.RUNNING
+            # Forward only while the saga goes forward, but for a step that cannot be
+            # undone: once sent, it is sent again until it answers (forward recovery).
+            resent = before.steps[c.step].status is StepStatus.REQUESTED
+            assert after.status is SagaStatus.RUNNING or (
+                resent and not defn.step(c.step).compensable
+            )
             assert c.command_id == st_.command_id
             assert all(after.steps[p].status is StepStatus.SUCCEEDED for p in defn.parents[c.step])
         elif st_.fencing:  # a step done by hand: its command in flight is fenced

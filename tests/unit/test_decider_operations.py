@@ -123,6 +123,21 @@ def test_a_succeeded_retry_beside_a_still_refused_compensation_hands_the_saga_to
     assert d.state.status is SagaStatus.COMPENSATED
 
 
+def command_dead_lettered(d: Driver, step_name: str) -> None:
+    """The step's command reached the dead-letter queue: a step that cannot be undone is
+    given up and its saga handed to a person (silence alone never does that)."""
+    d.apply(
+        DeadLettered(
+            kind=MessageKind.COMMAND,
+            step=step_name,
+            command_id=d.state.steps[step_name].command_id,
+            message_id=f"dead-{step_name}",
+            reason="retries spent",
+            held_id=1,
+        )
+    )
+
+
 def compensation_dead_lettered(reason: str):
     """s1 failed; s0's compensation reached the dead-letter queue."""
     d = Driver(linear(2))
@@ -195,15 +210,16 @@ def test_a_compensating_saga_past_its_own_deadline_is_not_due_for_it():
         d.state = decision.state
         after = decision.state.next_wake_at()
         assert after is None or after > d.now + timedelta(seconds=1), "claimed again and again"
-    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    # Sent again and again (never answered), never handed over for silence alone.
+    assert d.state.status is SagaStatus.COMPENSATING
+    assert d.state.steps["s0"].compensation_attempt == 13
 
 
 def test_retrying_a_step_whose_late_success_was_recorded_takes_that_success():
     d = Driver(linear(2, compensable=[False, True]))
     d.start()
     cid = d.state.steps["s0"].command_id
-    for _ in range(3):
-        d.tick(31)
+    command_dead_lettered(d, "s0")
     assert d.state.status is SagaStatus.MANUAL_REVIEW  # cannot be undone, outcome unknown
     d.apply(d.reply("s0", command_id=cid, result={"order": 9}))
     assert d.state.steps["s0"].error == LATE_SUCCESS
@@ -218,8 +234,7 @@ def test_retrying_a_step_whose_late_refusal_was_recorded_sends_a_new_command():
     d = Driver(linear(2, compensable=[False, True]))
     d.start()
     cid = d.state.steps["s0"].command_id
-    for _ in range(3):
-        d.tick(31)
+    command_dead_lettered(d, "s0")
     d.apply(d.reply("s0", Outcome.FAILURE, command_id=cid))
     decision = act(d, OperatorVerb.RETRY_STEP, "s0")
     (command,) = decision.commands
@@ -269,7 +284,7 @@ def test_a_fence_is_sent_again_when_it_has_no_answer():
         for c in act(d, OperatorVerb.SKIP_STEP, "s0").commands
         if c.kind is MessageKind.COMPENSATION
     )
-    again = d.tick(31)
+    again = d.lapse()
     resent = [c for c in again.commands if c.step == "s0"]
     assert [c.command_id for c in resent] == [first.command_id]
     assert resent[0].message_id != first.message_id
@@ -353,8 +368,7 @@ def test_compensate_is_refused_once_a_step_that_cannot_be_undone_succeeded_late(
     d.start()
     d.succeed("s0")
     cid = d.state.steps["s1"].command_id
-    for _ in range(3):
-        d.tick(31)
+    command_dead_lettered(d, "s1")
     assert d.state.status is SagaStatus.MANUAL_REVIEW
     d.apply(d.reply("s1", command_id=cid))
     assert d.state.steps["s1"].error == LATE_SUCCESS

@@ -225,8 +225,10 @@ def test_a_fence_that_answers_after_it_was_given_up_is_recorded_as_the_fence():
     d = Driver(linear(2))
     d.start()
     fence = fence_of(act(d, OperatorVerb.SKIP_STEP, "s0"))
-    for _ in range(5):
-        d.tick(31)  # no answer: sent again until the compensation policy is spent
+    for _ in range(12):  # no answer: sent again until the compensation policy is spent
+        if d.state.steps["s0"].error == "fence_failed":
+            break
+        d.lapse()
     assert d.state.status is SagaStatus.MANUAL_REVIEW
     assert d.state.steps["s0"].error == "fence_failed"
     decision = d.apply(d.reply("s0", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
@@ -309,7 +311,7 @@ def test_a_late_success_under_manual_review_is_not_closed_by_an_unrelated_retry(
     a_cid = d.state.steps["a"].command_id
     d.succeed("b")
     for _ in range(3):
-        d.tick(31)  # a is given up; by its policy it is left TIMED_OUT; b is compensated
+        d.lapse()  # a is given up; by its policy it is left TIMED_OUT; b is compensated
     d.apply(d.reply("a", command_id=a_cid))  # a's late success: a person must decide
     assert d.state.steps["a"].error == LATE_SUCCESS
     assert d.state.status is SagaStatus.MANUAL_REVIEW
@@ -364,18 +366,18 @@ def test_operator_compensate_undoes_a_given_up_child_before_its_parent():
 
 
 def test_a_compensation_after_a_failed_fence_gets_its_own_attempts():
-    d = Driver(linear(2))
+    d = Driver(linear(2, timeout=3600))  # the fence's attempts, with their backoff, fit
     d.start()
     act(d, OperatorVerb.SKIP_STEP, "s0")
     d.succeed("s1")
     for _ in range(5):
-        d.tick(31)  # the fence has no answer, five times
+        d.lapse()  # the fence has no answer, five times (s1 answered: nothing else waits)
     assert d.state.steps["s0"].error == "fence_failed"
     act(d, OperatorVerb.COMPENSATE)
     (undo,) = d.compensated("s1").commands
     assert undo.step == "s0"
     assert undo.attempt == 1, f"the first send of s0's compensation is attempt {undo.attempt}"
-    resent = d.tick(31)
+    resent = d.lapse()
     assert [c.step for c in resent.commands] == ["s0"], d.state.reason
 
 

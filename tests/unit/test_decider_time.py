@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from saga_tasks.core.definitions import saga, step
+from hypothesis import given
+from hypothesis import strategies as st
+
+from saga_tasks.core.definitions import RetryPolicy, saga, step
+from saga_tasks.core.events import DeadlinePassed
 from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver, linear
 
@@ -54,7 +58,9 @@ def test_no_answer_resends_the_same_command():
     assert (again.step, again.kind, again.attempt) == ("a", MessageKind.COMMAND, 2)
     assert again.command_id == first.command_id
     assert again.message_id != first.message_id
-    assert d.state.steps["a"].deadline == d.now + order_like().step("a").timeout
+    # The second attempt waits twice the timeout (the backoff), less up to a quarter.
+    waits = d.state.steps["a"].deadline - d.now
+    assert timedelta(seconds=15) <= waits <= timedelta(seconds=20)
     assert decision.history[0].event == "step_resent"
     # The answer to either send counts.
     d.succeed("a")
@@ -65,8 +71,8 @@ def test_spent_retries_give_up_and_compensate_the_step_itself():
     d = Driver(order_like())
     d.start()
     d.succeed("a")
-    d.tick(11)  # b attempt 2
-    decision = d.tick(11)  # b gives up
+    d.lapse()  # b attempt 2
+    decision = d.lapse()  # b gives up
     assert d.state.status is SagaStatus.COMPENSATING
     assert "had no answer after its attempts" in d.state.reason
     st = d.state.steps["b"]
@@ -85,8 +91,8 @@ def test_late_success_after_giving_up_is_written_down_and_changes_nothing():
     d.start()
     d.succeed("a")
     late = d.reply("b")
-    d.tick(11)
-    d.tick(11)
+    d.lapse()
+    d.lapse()
     before = d.state
     decision = d.apply(late)
     assert decision.classification is Classification.LATE
@@ -103,8 +109,8 @@ def test_ignore_policy_leaves_the_step_timed_out_and_compensates_the_rest():
     d = Driver(order_like("ignore"))
     d.start()
     d.succeed("a")
-    d.tick(11)
-    decision = d.tick(11)
+    d.lapse()
+    decision = d.lapse()
     assert d.state.steps["b"].status is StepStatus.TIMED_OUT
     assert kinds(decision) == [("a", MessageKind.COMPENSATION, 1)]
     d.compensated("a")
@@ -119,8 +125,8 @@ def test_manual_review_policy_hands_a_late_success_to_a_person():
     d = Driver(order_like("manual_review"))
     d.start()
     d.succeed("a")
-    d.tick(11)
-    d.tick(11)
+    d.lapse()
+    d.lapse()
     d.compensated("a")
     assert d.state.status is SagaStatus.COMPENSATED
     decision = d.succeed("b")
@@ -129,30 +135,56 @@ def test_manual_review_policy_hands_a_late_success_to_a_person():
     assert "succeeded after it was given up" in d.state.reason
 
 
-def test_a_step_that_cannot_be_undone_and_never_answers_needs_a_person():
+def test_a_step_that_cannot_be_undone_is_sent_again_until_it_answers():
+    """Forward recovery: silence is no reason to hand a step that cannot be undone to a
+    person. It is sent again, further and further apart up to the policy's cap, with one
+    alert once its attempts are spent, and its answer moves the saga on."""
     d = Driver(order_like(last_compensable=False))
     d.start()
     d.succeed("a")
-    d.tick(11)
-    decision = d.tick(11)
-    assert d.state.status is SagaStatus.MANUAL_REVIEW
-    assert "cannot be undone and its outcome is unknown" in d.state.reason
-    assert decision.commands == ()
+    events = []
+    for _ in range(8):
+        decision = d.lapse()
+        events += [h.event for h in decision.history]
+        assert kinds(decision)[-1][:2] == ("b", MessageKind.COMMAND)
+    assert d.state.status is SagaStatus.RUNNING and d.state.steps["b"].attempt == 9
+    assert events.count("step_overdue") == 1
+    # The waits grow to the cap (ten times the timeout) and stay there.
+    assert d.state.steps["b"].deadline - d.now <= timedelta(seconds=100)
+    assert d.state.steps["b"].deadline - d.now >= timedelta(seconds=75)
+    d.succeed("b")
+    assert d.state.status is SagaStatus.COMPLETED
 
 
-def test_unanswered_compensation_is_resent_then_needs_a_person():
+def test_the_sagas_deadline_does_not_undo_the_rest_while_a_step_that_cannot_be_undone_runs():
+    d = Driver(order_like(last_compensable=False))
+    d.start()
+    d.succeed("a")
+    decision = d.tick(601)
+    assert d.state.status is SagaStatus.RUNNING and d.state.deadline is None
+    assert decision.history[0].event == "deadline_passed_forward"
+    assert kinds(decision) == [("b", MessageKind.COMMAND, 2)]
+    d.fail("b")  # its refusal: nothing of it to undo; the rest is compensated
+    assert d.state.status is SagaStatus.COMPENSATING
+    d.compensated("a")
+    assert d.state.status is SagaStatus.COMPENSATED
+
+
+def test_an_unanswered_compensation_is_sent_again_until_it_answers():
     d = Driver(order_like())
     d.start()
     d.succeed("a")
     d.fail("b")
     first = d.decisions[-1].commands[0]
-    decision = d.tick(11)
+    decision = d.lapse()
     assert kinds(decision) == [("a", MessageKind.COMPENSATION, 2)]
     assert decision.commands[0].command_id == first.command_id
-    decision = d.tick(11)
-    assert d.state.status is SagaStatus.MANUAL_REVIEW
-    assert d.state.steps["a"].status is StepStatus.COMPENSATION_FAILED
-    assert [h.event for h in decision.history][:1] == ["compensation_exhausted"]
+    decision = d.lapse()
+    assert kinds(decision) == [("a", MessageKind.COMPENSATION, 3)]
+    assert "compensation_overdue" in [h.event for h in decision.history]
+    assert d.state.status is SagaStatus.COMPENSATING
+    d.compensated("a")
+    assert d.state.status is SagaStatus.COMPENSATED
 
 
 def test_saga_deadline_gives_up_what_is_in_flight_and_compensates():
@@ -177,20 +209,6 @@ def test_a_success_that_beats_the_sweep_wins():
     decision = d.tick(0)
     assert decision.commands == () or all(c.step == "b" for c in decision.commands)
     assert d.state.steps["a"].attempt == 1
-
-
-def test_a_compensation_answering_after_it_was_given_up_is_late():
-    d = Driver(order_like())
-    d.start()
-    d.succeed("a")
-    d.fail("b")
-    d.tick(11)
-    d.tick(11)
-    assert d.state.status is SagaStatus.MANUAL_REVIEW
-    decision = d.compensated("a")
-    assert decision.classification is Classification.LATE
-    assert "step is undone" in decision.history[0].reason
-    assert d.state.status is SagaStatus.MANUAL_REVIEW
 
 
 def test_a_step_queued_behind_a_backlog_waits_on_instead_of_being_sent_again():
@@ -218,9 +236,9 @@ def test_a_backlog_spends_no_attempt_but_the_sagas_own_deadline_still_holds():
     d = Driver(linear(2))
     d.start()
     for _ in range(2):
-        d.tick(31)  # attempts 2 and 3 sent
+        d.lapse()  # attempts 2 and 3 sent
     assert d.state.steps["s0"].attempt == 3
-    d.tick(31, backlog={"p.commands": 5})
+    d.lapse(backlog={"p.commands": 5})
     assert d.state.status is SagaStatus.RUNNING
     assert d.state.steps["s0"].status is StepStatus.REQUESTED
     d.tick(600, backlog={"p.commands": 5})  # the saga's own deadline (10 minutes) passed
@@ -254,3 +272,59 @@ def test_patience_with_a_backlog_is_bounded():
         assert deferred < 100
     assert deferred == BACKLOG_PATIENCE - 1
     assert [c.attempt for c in sent.commands] == [2]
+
+
+def test_a_command_waiting_for_capacity_spends_no_attempt_and_its_deadline_runs_from_dispatch():
+    """Flow control holds a command in PostgreSQL until its queue has room: the silence
+    is the orchestrator's own, so nothing is sent again; once the command has left, the
+    step waits its full timeout from then, not from when the saga decided to send it."""
+    d = Driver(linear(1))
+    d.start()
+    waited = d.lapse(dispatch={"s0": None})
+    st = d.state.steps["s0"]
+    assert not waited.commands and st.attempt == 1 and st.status is StepStatus.REQUESTED
+    assert [h.event for h in waited.history] == ["dispatch_waiting"]
+    assert st.deadline == d.now + timedelta(seconds=30)
+    sent_at = d.now + timedelta(seconds=20)
+    moved = d.lapse(dispatch={"s0": sent_at})
+    assert not moved.commands and [h.event for h in moved.history] == ["deadline_from_dispatch"]
+    assert d.state.steps["s0"].deadline == sent_at + timedelta(seconds=30)
+    resent = d.lapse(dispatch={"s0": sent_at})
+    assert [c.attempt for c in resent.commands] == [2]
+
+
+def test_the_sagas_own_deadline_holds_for_a_command_waiting_for_capacity():
+    d = Driver(linear(1, timeout=60))
+    d.start()
+    d.lapse(dispatch={"s0": None})
+    d.apply(DeadlinePassed(dispatch={"s0": None}), step=60)
+    assert d.state.status is SagaStatus.COMPENSATING and d.state.steps["s0"].given_up
+
+
+@given(
+    timeout=st.floats(min_value=0.1, max_value=3600),
+    attempt=st.integers(min_value=1, max_value=10_000),
+    backoff=st.floats(min_value=1, max_value=10),
+    jitter=st.floats(min_value=0, max_value=0.99),
+    cap=st.one_of(st.none(), st.floats(min_value=0.01, max_value=86_400)),
+)
+def test_an_attempts_wait_is_never_shorter_than_the_timeout_nor_longer_than_the_cap(
+    timeout, attempt, backoff, jitter, cap
+):
+    t = timedelta(seconds=timeout)
+    limit = timedelta(seconds=cap) if cap is not None else None
+    policy = RetryPolicy(backoff=backoff, jitter=jitter, max_interval=limit)
+    wait = policy.wait(t, attempt, "k")
+    assert t <= wait <= max(limit or t * 10, t) + timedelta(microseconds=1)
+
+
+def test_an_attempts_wait_grows_to_its_cap_and_stays_within_its_jitter():
+    policy = RetryPolicy(backoff=2.0, jitter=0.25, max_interval=timedelta(seconds=100))
+    t = timedelta(seconds=10)
+    assert policy.wait(t, 1, "c") == t
+    for attempt, full in [(2, 20), (3, 40), (4, 80), (5, 100), (9, 100)]:
+        wait = policy.wait(t, attempt, "c").total_seconds()
+        assert 0.75 * full <= wait <= full, (attempt, wait)
+        assert wait == policy.wait(t, attempt, "c").total_seconds(), "deterministic"
+    spread = {policy.wait(t, 3, f"c{i}") for i in range(50)}
+    assert len(spread) > 40, "sagas silenced together are not sent again together"

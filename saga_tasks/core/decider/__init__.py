@@ -87,7 +87,7 @@ def decide(definition: SagaDefinition, state: SagaState, event: Event, now: date
     elif isinstance(event, ReplyReceived):
         on_reply(tx, event)
     elif isinstance(event, DeadlinePassed):
-        on_deadline(tx, event.backlog)
+        on_deadline(tx, event.backlog, event.dispatch)
     elif isinstance(event, DeadLettered):
         on_dead_letter(tx, event)
     elif isinstance(event, OperatorAction):

@@ -9,6 +9,7 @@ whose compensation names the ids of the earlier ones as superseded.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from enum import Enum
 from typing import Any
 
@@ -78,7 +79,7 @@ def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None 
             )
         compensates = st.command_id
         supersedes = tuple(command_id(saga, s.name, kind, g) for g in range(1, generation))
-    new = new.evolve(requested_at=tx.now, deadline=tx.now + s.timeout)
+    new = new.evolve(requested_at=tx.now, deadline=tx.now + attempt_wait(s, what, attempt, cid))
     tx.set_step(
         s.name,
         new,
@@ -101,6 +102,19 @@ def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None 
             supersedes=supersedes,
         )
     )
+
+
+def attempt_wait(s: Step, what: Send, attempt: int, cid: str) -> timedelta:
+    """How long attempt ``attempt`` of one of the step's commands waits for its answer."""
+    policy = s.retry if what is Send.FORWARD else s.compensation_retry
+    return policy.wait(s.timeout, attempt, cid)
+
+
+def current_wait(s: Step, st: StepState) -> timedelta:
+    """How long the step's latest command, forward or compensation, waits for its answer."""
+    if st.status is StepStatus.COMPENSATING:
+        return attempt_wait(s, Send.COMPENSATION, st.compensation_attempt, st.compensation_id or "")
+    return attempt_wait(s, Send.FORWARD, st.attempt, st.command_id or "")
 
 
 def _body(tx: Transition) -> dict[str, Any]:

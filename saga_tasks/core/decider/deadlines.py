@@ -1,17 +1,28 @@
 """Deadlines (``DeadlinePassed``, from the sweeper): what a saga does about silence.
 
-A step with no answer by its deadline whose queue holds a backlog waits on: the command is
-most likely still queued behind it, and the silence is the backlog's, not the
-participant's. Its deadline moves on by the step's timeout (history ``resend_deferred``),
-for at most ``BACKLOG_PATIENCE`` timeouts since it was last sent;
-nothing is sent (a copy would double the work of a backed-up queue) and no attempt is
-spent (being slow under load is no reason to give up). Otherwise a step with no answer is
-sent again, same command id, until its retry policy is spent; then it is given up, its
-outcome unknown, and compensated at once or left ``TIMED_OUT`` by its late-reply policy
-while the saga compensates the rest. A step that cannot be undone and gives no answer
-puts the saga in MANUAL_REVIEW. A compensation or a fence with no answer is sent again
-until its policy is spent; then the saga goes to MANUAL_REVIEW. The saga's own deadline
-turns a RUNNING saga to compensation, giving up what is in flight (a backlog or not).
+Silence is first explained where it can be, and then nothing is sent and no attempt is
+spent (being slow under load is no reason to give up, and a copy would only double the
+work of a backed-up queue):
+- a command still waiting for capacity at its queue (flow control) has not been sent:
+  its deadline moves on by the step's timeout (``dispatch_waiting``);
+- a command sent later than it was decided waits from when it was sent: each attempt's
+  deadline runs from dispatch (``deadline_from_dispatch``);
+- a command whose queue holds a backlog is likely still queued behind it: its deadline
+  moves on by the step's timeout (``resend_deferred``), for at most ``BACKLOG_PATIENCE``
+  timeouts since it was sent.
+Otherwise a step with no answer is sent again, same command id, each attempt waiting
+longer than the one before (the retry policy's backoff and jitter), until its policy is
+spent; then it is given up, its outcome unknown, and compensated at once or left
+``TIMED_OUT`` by its late-reply policy while the saga compensates the rest.
+
+Forward recovery: a step that cannot be undone is never given up for silence, nor is a
+compensation: each is sent again, at most its policy's ``max_interval`` apart, until it
+answers, with an alert (``step_overdue``, ``compensation_overdue``) once its policy's
+attempts are spent. The saga's own deadline turns a RUNNING saga to compensation,
+giving up what is in flight, unless a step that cannot be undone is in flight: then
+undoing the rest could contradict what that step does, so the saga goes on forward
+without a deadline (``deadline_passed_forward``). A fence with no answer after its
+attempts puts the saga in MANUAL_REVIEW: an effect may be doubled.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from saga_tasks.core.decider.commands import Send, send
+from saga_tasks.core.decider.commands import Send, current_wait, send
 from saga_tasks.core.decider.progress import begin_compensation, compensate_ready
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import LateReplyPolicy, Step
@@ -33,17 +44,21 @@ was last sent; then its silence is the participant's again (sent again, or given
 a queue that never drains (no consumer at all) still ends in a decision, and an alert."""
 
 
-def on_deadline(tx: Transition, backlog: Mapping[str, int] | None = None) -> None:
+def on_deadline(
+    tx: Transition,
+    backlog: Mapping[str, int] | None = None,
+    dispatch: Mapping[str, datetime | None] | None = None,
+) -> None:
     """Act on every deadline that has passed; a sweep that finds none changes nothing.
-    ``backlog``: messages waiting in each command queue, as the sweeper saw them."""
+    ``backlog``: messages waiting in each command queue, as the sweeper saw them;
+    ``dispatch``: when each step's latest command under flow control was sent (None:
+    it still waits for capacity)."""
     if tx.status not in ACTIVE_SAGA:
         return
-    due = _find_due(tx, backlog or {})
-    _wait_behind_backlogs(tx, due)
+    _go_forward_past_deadline(tx)
+    due = _find_due(tx, backlog or {}, dispatch or {})
+    _explain_silence(tx, due)
     if not _chase_fences(tx, due.fences) or not due.anything:
-        return
-    # What needs a person is settled first, and then nothing at all is sent.
-    if _hand_to_a_person(tx, due):
         return
     _send_again(tx, due)
     _give_up_spent(tx, due)
@@ -73,25 +88,30 @@ class _Due:
     running: bool
     saga_expired: bool
     backlog: Mapping[str, int] = field(default_factory=dict)
+    dispatch: Mapping[str, datetime | None] = field(default_factory=dict)
+    for_capacity: list[Step] = field(default_factory=list)
+    """Commands or compensations still waiting for capacity at their queue."""
+    from_dispatch: list[tuple[Step, datetime]] = field(default_factory=list)
+    """Commands or compensations sent later than decided: their deadline from dispatch."""
     waiting: list[Step] = field(default_factory=list)
     """Commands or compensations whose queue holds a backlog: they wait on."""
     resend: list[Step] = field(default_factory=list)
     """Forward commands with attempts left."""
+    forward: list[Step] = field(default_factory=list)
+    """Forward commands of steps that cannot be undone: sent until they answer."""
     give_up: list[Step] = field(default_factory=list)
     """Forward commands whose attempts are spent, or in flight when the saga expired."""
     resend_compensation: list[Step] = field(default_factory=list)
-    exhausted: list[Step] = field(default_factory=list)
-    """Compensations whose attempts are spent."""
     fences: list[Step] = field(default_factory=list)
 
     @property
     def anything(self) -> bool:
-        """Anything besides fences: those are chased on their own."""
+        """Anything besides fences and explained silence: those are handled on their own."""
         return bool(
             self.resend
+            or self.forward
             or self.give_up
             or self.resend_compensation
-            or self.exhausted
             or self.saga_expired
         )
 
@@ -101,45 +121,105 @@ class _Due:
 
     def add(self, s: Step, st: StepState, now: datetime) -> None:
         step_due = st.deadline is not None and st.deadline <= now
-        sent_at = st.requested_at or now
-        patient = now - sent_at < BACKLOG_PATIENCE * s.timeout
-        queued_behind = self.backlog.get(s.queue, 0) > 0 and patient
-        if (
-            step_due
-            and queued_behind
-            and not self.saga_expired
-            and (st.status in (StepStatus.REQUESTED, StepStatus.COMPENSATING))
-        ):
-            self.waiting.append(s)
-        elif st.status is StepStatus.REQUESTED and (step_due or self.saga_expired):
+        awaited = st.status in (StepStatus.REQUESTED, StepStatus.COMPENSATING)
+        if step_due and awaited and not self.saga_expired and self._explained(s, st, now):
+            return
+        if st.status is StepStatus.REQUESTED and (step_due or self.saga_expired):
             attempts_left = st.attempt < s.retry.max_attempts
-            if step_due and self.running and not self.saga_expired and attempts_left:
+            if not s.compensable:
+                if step_due:
+                    self.forward.append(s)
+            elif step_due and self.running and not self.saga_expired and attempts_left:
                 self.resend.append(s)
             else:
                 self.give_up.append(s)
         elif st.status is StepStatus.COMPENSATING and step_due:
-            if st.compensation_attempt < s.compensation_retry.max_attempts:
-                self.resend_compensation.append(s)
-            else:
-                self.exhausted.append(s)
+            self.resend_compensation.append(s)
         elif st.fencing and step_due:
             self.fences.append(s)
 
+    def _explained(self, s: Step, st: StepState, now: datetime) -> bool:
+        """A silence flow control or a backlog explains: the step waits on (True)."""
+        sent_at = st.requested_at or now
+        if s.name in self.dispatch:
+            dispatched = self.dispatch[s.name]
+            if dispatched is None:
+                self.for_capacity.append(s)
+                return True
+            until = dispatched + current_wait(s, st)
+            if until > now:
+                self.from_dispatch.append((s, until))
+                return True
+            sent_at = dispatched
+        if self.backlog.get(s.queue, 0) > 0 and now - sent_at < BACKLOG_PATIENCE * s.timeout:
+            self.waiting.append(s)
+            return True
+        return False
 
-def _find_due(tx: Transition, backlog: Mapping[str, int]) -> _Due:
+
+def _find_due(
+    tx: Transition, backlog: Mapping[str, int], dispatch: Mapping[str, datetime | None]
+) -> _Due:
     running = tx.status is SagaStatus.RUNNING
     expired = running and tx.deadline is not None and tx.deadline <= tx.now
-    due = _Due(running, expired, backlog)
+    due = _Due(running, expired, backlog, dispatch)
     for s in tx.definition.steps:
         due.add(s, tx.steps[s.name], tx.now)
     return due
 
 
-def _wait_behind_backlogs(tx: Transition, due: _Due) -> None:
-    """Move each waiting step's deadline on by its timeout, saying why; nothing is sent."""
+def _go_forward_past_deadline(tx: Transition) -> None:
+    """The saga's deadline passed while a step that cannot be undone is in flight: its
+    outcome decides, so the saga goes on without a deadline rather than compensating."""
+    if tx.status is not SagaStatus.RUNNING or tx.deadline is None or tx.deadline > tx.now:
+        return
+    pivots = [
+        s.name
+        for s in tx.definition.steps
+        if not s.compensable and tx.steps[s.name].status is StepStatus.REQUESTED
+    ]
+    if not pivots:
+        return
+    tx.changed = True
+    tx.deadline = None
+    tx.note(
+        "deadline_passed_forward",
+        step=pivots[0],
+        reason=(
+            f"the saga's deadline passed while step {pivots[0]!r}, which cannot be undone, "
+            "was in flight: undoing the rest could contradict it, so the saga goes on "
+            "forward without a deadline, and the step is sent again until it answers"
+        ),
+    )
+
+
+def _explain_silence(tx: Transition, due: _Due) -> None:
+    """Move the deadline of each step whose silence is explained, saying why; nothing
+    is sent and no attempt is spent."""
+    for s in due.for_capacity:
+        st = tx.steps[s.name]
+        tx.set_step(
+            s.name,
+            st.evolve(deadline=tx.now + s.timeout),
+            "dispatch_waiting",
+            reason=(
+                f"its command still waits for capacity at {s.queue} (flow control); "
+                "the step's deadline runs from when it is sent"
+            ),
+        )
+    for s, until in due.from_dispatch:
+        st = tx.steps[s.name]
+        tx.set_step(
+            s.name,
+            st.evolve(deadline=until),
+            "deadline_from_dispatch",
+            reason=(
+                f"its command waited for capacity at {s.queue}; the deadline runs from "
+                f"when it was sent: {until.isoformat()}"
+            ),
+        )
     for s in due.waiting:
         st = tx.steps[s.name]
-        tx.changed = True
         tx.set_step(
             s.name,
             st.evolve(deadline=tx.now + s.timeout),
@@ -174,50 +254,41 @@ def _chase_fences(tx: Transition, fences: list[Step]) -> bool:
     return True
 
 
-def _hand_to_a_person(tx: Transition, due: _Due) -> bool:
-    """A step given up that cannot be undone, or a compensation whose attempts are spent:
-    every step due is settled, and the saga goes to MANUAL_REVIEW (True)."""
-    stuck = [s for s in due.give_up if not s.compensable]
-    if not (stuck or due.exhausted):
-        return False
-    for s in due.give_up:
-        give_up(tx, s, due.why)
-    for s in due.exhausted:
-        st = tx.steps[s.name]
-        tx.set_step(
-            s.name,
-            st.evolve(status=StepStatus.COMPENSATION_FAILED, error="no_answer"),
-            "compensation_exhausted",
-            reason=f"{st.compensation_attempt} attempts had no answer",
-        )
-    if stuck:
-        reason = (
-            f"step {stuck[0].name!r} cannot be undone and its outcome is unknown ({due.why}); "
-            "retry it to learn the outcome, or resolve by hand"
-        )
-    else:
-        attempts = tx.steps[due.exhausted[0].name].compensation_attempt
-        reason = (
-            f"compensation of step {due.exhausted[0].name!r} had no answer after "
-            f"{attempts} attempts"
-        )
-    tx.manual_review(reason)
-    return True
-
-
 def _send_again(tx: Transition, due: _Due) -> None:
     """Commands with attempts left are sent again, forward ones only while the saga goes
-    forward; compensations whatever the saga does."""
+    forward; a step that cannot be undone, and a compensation, whatever the saga does
+    and however many attempts it took (with an alert once its policy is spent)."""
     if due.give_up or due.saga_expired:
         _await_once_more(tx, due.resend)
     else:
         for s in due.resend:
             st = tx.steps[s.name]
             send(tx, s, st, Send.FORWARD, reason=f"attempt {st.attempt} had no answer in time")
+    for s in due.forward:
+        st = tx.steps[s.name]
+        send(tx, s, st, Send.FORWARD, reason=f"attempt {st.attempt} had no answer in time")
+        if st.attempt == s.retry.max_attempts:
+            tx.note(
+                "step_overdue",
+                step=s.name,
+                reason=(
+                    f"no answer after {st.attempt} attempts; the step cannot be undone, so it "
+                    "is sent again until it answers: look at its participant"
+                ),
+            )
     for s in due.resend_compensation:
         st = tx.steps[s.name]
         reason = f"attempt {st.compensation_attempt} had no answer in time"
         send(tx, s, st, Send.COMPENSATION, reason=reason)
+        if st.compensation_attempt == s.compensation_retry.max_attempts:
+            tx.note(
+                "compensation_overdue",
+                step=s.name,
+                reason=(
+                    f"no answer after {st.compensation_attempt} attempts; a compensation is "
+                    "sent again until it answers: look at its participant"
+                ),
+            )
 
 
 def _give_up_spent(tx: Transition, due: _Due) -> None:

@@ -1,0 +1,228 @@
+"""Commands waiting for capacity at their queue, in PostgreSQL rather than in RabbitMQ.
+
+A decision's command to a queue with a flow limit is written to ``saga_dispatch``
+instead of the outbox. ``release`` moves the oldest waiting commands of some queues to
+the outbox, as many as each queue's room allows (its ``max_in_flight`` less the commands
+in flight, and the tokens of its rate bucket), in the deciding transaction; the caller
+publishes them after the commit like any outbox row. A command stays counted in flight
+until its step answers, is sent again or given up, or its saga stops waiting on it
+(the decision that does so deletes its row in the same statement as the rest).
+
+One transaction at a time releases for a queue (an advisory lock taken, in queue
+order, in a statement of its own, so the release's snapshot sees the commit of the one
+before): the limit holds whatever number of orchestrators and sweepers run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from saga_tasks.core.messages import H_STEP, OutboundMessage
+from saga_tasks.persistence import outbox, recordset
+from saga_tasks.persistence.prepared import Prepared
+from saga_tasks.persistence.tables import saga_dispatch
+
+COLUMNS = (
+    "message_id",
+    "saga_id",
+    "step",
+    "queue",
+    "task_name",
+    "routing_key",
+    "headers",
+    "body",
+)
+ACTIVE = "('RUNNING', 'COMPENSATING')"
+MOST_PER_RELEASE = 500
+"""Commands one release moves to the outbox at most, over all its queues."""
+
+
+@dataclass(frozen=True)
+class QueueLimit:
+    """How much of a queue's work may be in the broker and on its workers at once."""
+
+    max_in_flight: int = 0
+    """Commands sent and not yet answered; 0: no limit."""
+    rate_limit: float = 0.0
+    """Commands sent per second (a token bucket holding one second's worth); 0: no limit."""
+
+    @property
+    def active(self) -> bool:
+        return self.max_in_flight > 0 or self.rate_limit > 0
+
+
+def rows(messages: Sequence[OutboundMessage]) -> str:
+    """``messages`` as the JSON parameter of ``insert_sql``."""
+    return recordset.encode(
+        [
+            {
+                "message_id": m.message_id,
+                "saga_id": m.saga_id,
+                "step": m.headers[H_STEP],
+                "queue": m.queue,
+                "task_name": m.task_name,
+                "routing_key": m.routing_key,
+                "headers": m.headers,
+                "body": m.body,
+            }
+            for m in messages
+        ]
+    )
+
+
+def freed_rows(freed: Iterable[tuple[str, str]]) -> str:
+    """(saga id, step) pairs whose commands stop counting, as the parameter of ``free_sql``."""
+    return recordset.encode([{"saga_id": s, "step": step} for s, step in freed])
+
+
+@cache
+def insert_sql(
+    param: str = "dispatch", also_from: str | None = None, where: str | None = None
+) -> str:
+    """SQL inserting the waiting commands of ``:param`` (see ``rows``)."""
+    return recordset.insert_from(saga_dispatch, COLUMNS, param, also_from=also_from, where=where)
+
+
+def free_sql(param: str = "freed", where: str = "true") -> str:
+    """SQL deleting every command row of the (saga, step) pairs of ``:param``. In the
+    statement that inserts a step's next command, it does not see that new row."""
+    return f"""DELETE FROM saga.saga_dispatch d
+        USING jsonb_to_recordset(CAST(:{param} AS jsonb)) AS f(saga_id uuid, step text)
+        WHERE d.saga_id = f.saga_id AND d.step = f.step AND {where}"""  # noqa: S608
+
+
+_LOCK = text(
+    "SELECT count(pg_advisory_xact_lock(hashtextextended('saga_tasks.dispatch:' || q, 0))) "
+    "FROM unnest(CAST(:queues AS text[])) AS q"
+)
+
+
+def _release_sql() -> Prepared:
+    out_cols = ", ".join(outbox.COLUMNS)
+    sql = f"""WITH lim AS (
+          SELECT * FROM jsonb_to_recordset(CAST(:limits AS jsonb))
+              AS l(queue text, max_in_flight bigint, rate float8)),
+        bucket AS (
+          SELECT l.queue, CASE WHEN l.rate > 0 THEN least(greatest(l.rate, 1.0), coalesce(
+                   b.tokens + extract(epoch FROM now() - b.at) * l.rate,
+                   greatest(l.rate, 1.0))) END AS tokens
+          FROM lim l LEFT JOIN saga.dispatch_rate b ON b.queue = l.queue),
+        room AS (
+          SELECT l.queue, greatest(least(
+            CASE WHEN l.max_in_flight > 0 THEN l.max_in_flight - (
+              SELECT count(*) FROM saga.saga_dispatch d
+              JOIN saga.saga_instance s ON s.saga_id = d.saga_id
+              WHERE d.queue = l.queue AND d.sent_at IS NOT NULL AND s.status IN {ACTIVE})
+            ELSE :most END,
+            CASE WHEN bk.tokens IS NOT NULL THEN floor(bk.tokens)::bigint ELSE :most END,
+            :most), 0) AS n
+          FROM lim l JOIN bucket bk ON bk.queue = l.queue),
+        picked AS (
+          SELECT w.message_id, w.queue FROM room r CROSS JOIN LATERAL (
+            SELECT d.message_id, d.queue FROM saga.saga_dispatch d
+            WHERE d.queue = r.queue AND d.sent_at IS NULL
+            ORDER BY d.created_at LIMIT r.n
+            FOR UPDATE SKIP LOCKED) w),
+        sent AS (
+          UPDATE saga.saga_dispatch d SET sent_at = now() FROM picked p
+          WHERE d.message_id = p.message_id
+          RETURNING d.*),
+        spent AS (
+          INSERT INTO saga.dispatch_rate (queue, tokens, at)
+          SELECT bk.queue, bk.tokens - (SELECT count(*) FROM picked p WHERE p.queue = bk.queue),
+                 now()
+          FROM bucket bk WHERE bk.tokens IS NOT NULL
+          ON CONFLICT (queue) DO UPDATE SET tokens = excluded.tokens, at = excluded.at
+          RETURNING 1)
+        INSERT INTO saga.saga_outbox ({out_cols})
+        SELECT {out_cols} FROM sent
+        RETURNING *"""  # noqa: S608 - identifiers are ours; values bound
+    return Prepared("saga_dispatch_release", sql, {"limits": "jsonb", "most": "bigint"})
+
+
+_RELEASE = _release_sql()
+
+
+def release(
+    conn: Connection,
+    limits: Mapping[str, QueueLimit],
+    *,
+    most: int = MOST_PER_RELEASE,
+) -> list[OutboundMessage]:
+    """Move the oldest waiting commands of ``limits``' queues to the outbox, as room
+    allows; the messages to publish once ``conn``'s transaction commits."""
+    queues = sorted(q for q, limit in limits.items() if limit.active)
+    if not queues:
+        return []
+    conn.execute(_LOCK, {"queues": queues})
+    param = recordset.encode(
+        [
+            {
+                "queue": q,
+                "max_in_flight": limits[q].max_in_flight,
+                "rate": limits[q].rate_limit,
+            }
+            for q in queues
+        ]
+    )
+    result = _RELEASE.execute(conn, {"limits": param, "most": most})
+    return [outbox.to_message(row) for row in result]
+
+
+def dispatch_times(
+    conn: Connection, saga_ids: Sequence[str]
+) -> dict[str, dict[str, datetime | None]]:
+    """Saga -> step -> when its latest command left for the broker (None: it waits for
+    capacity), for the steps whose commands are under flow control."""
+    if not saga_ids:
+        return {}
+    found: dict[str, dict[str, datetime | None]] = {}
+    for row in conn.execute(
+        text(
+            "SELECT DISTINCT ON (saga_id, step) saga_id, step, sent_at FROM saga.saga_dispatch "
+            "WHERE saga_id = ANY(CAST(:ids AS uuid[])) ORDER BY saga_id, step, created_at DESC"
+        ),
+        {"ids": list(saga_ids)},
+    ):
+        found.setdefault(str(row.saga_id), {})[row.step] = row.sent_at
+    return found
+
+
+@dataclass(frozen=True)
+class QueueFlow:
+    """One queue's commands under flow control, as ``counts`` sees them."""
+
+    waiting: int
+    in_flight: int
+    oldest_wait_seconds: float
+
+
+def counts(conn: Connection) -> dict[str, QueueFlow]:
+    """Waiting and in-flight commands per queue (gauges, the dashboard, admission)."""
+    found: dict[str, QueueFlow] = {}
+    for row in conn.execute(
+        text(
+            f"""SELECT d.queue,
+                  count(*) FILTER (WHERE d.sent_at IS NULL) AS waiting,
+                  count(*) FILTER (WHERE d.sent_at IS NOT NULL AND s.status IN {ACTIVE})
+                      AS in_flight,
+                  coalesce(extract(epoch FROM now() - min(d.created_at)
+                      FILTER (WHERE d.sent_at IS NULL)), 0) AS oldest
+                FROM saga.saga_dispatch d
+                LEFT JOIN saga.saga_instance s ON s.saga_id = d.saga_id
+                GROUP BY d.queue"""  # noqa: S608 - a constant of ours
+        )
+    ):
+        found[row.queue] = QueueFlow(int(row.waiting), int(row.in_flight), float(row.oldest))
+    return found
+
+
+def params(held: Sequence[OutboundMessage], freed: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """The ``dispatch`` and ``freed`` parameters of a statement that holds and frees."""
+    return {"dispatch": rows(held), "freed": freed_rows(freed)}
