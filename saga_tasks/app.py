@@ -40,6 +40,8 @@ from saga_tasks.observability.tracing import Tracing
 from saga_tasks.participant import Participant
 from saga_tasks.persistence.db import get_engine
 from saga_tasks.persistence.tables import redelivery, saga_outbox
+from saga_tasks.runtime.admission import Admission
+from saga_tasks.runtime.flow import FlowControl, resolve_limits
 from saga_tasks.runtime.holding import Holding
 from saga_tasks.runtime.hooks import NO_HOOKS, Hooks
 from saga_tasks.runtime.intake import Intake
@@ -122,6 +124,24 @@ class SagaApp:
         def outlet() -> Outlet:
             return self.outlet
 
+        self.flow = FlowControl(
+            resolve_limits(
+                self.topology.command_queues,
+                {
+                    p.queue: (p.name, p.max_in_flight, p.rate_limit)
+                    for p in reversed(list(self.participants.values()))
+                },
+                settings.queue_limits("max_in_flight"),
+                settings.queue_limits("rate_limit"),
+            ),
+            clock,
+        )
+        """Commands each participant queue may have out; the rest wait in PostgreSQL."""
+        self.admission = Admission(
+            engine,
+            max_active=settings.queue_limits("max_active"),
+            max_waiting=settings.max_waiting,
+        )
         self.orchestrator = Orchestrator(
             engine=engine,
             registry=self.registry,
@@ -131,6 +151,8 @@ class SagaApp:
             tracing=self.tracing,
             hooks=self.hooks,
             senders=self.senders,
+            flow=self.flow,
+            admission=self.admission,
         )
         self.sweeper = Sweeper(
             engine=engine,
@@ -139,6 +161,7 @@ class SagaApp:
             outlet=outlet,
             clock=clock,
             backlog=lambda: queue_depths(settings.broker_url, self.topology.command_queues),
+            flow=self.flow,
         )
         self.runtimes = {
             p.name: ParticipantRuntime(

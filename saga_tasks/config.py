@@ -101,6 +101,31 @@ class Settings:
         2.0,
         "Seconds between timeout sweeps run by beat.",
     )
+    max_in_flight: str = _env(
+        "SAGA_MAX_IN_FLIGHT",
+        "32",
+        "Commands each participant queue may have sent and unanswered at once; more wait "
+        "in PostgreSQL and go out as answers come. A number for every queue, or "
+        "name=N entries (a participant or queue name; * for the rest); 0: no limit.",
+    )
+    rate_limit: str = _env(
+        "SAGA_RATE_LIMIT",
+        "",
+        "Commands per second sent to a participant queue, in the same form as "
+        "SAGA_MAX_IN_FLIGHT; empty or 0: no limit.",
+    )
+    max_active: str = _env(
+        "SAGA_MAX_ACTIVE",
+        "",
+        "Admission control: a start is refused (429, SagaOverloaded) while this many "
+        "sagas of its type are active; a number, or type=N entries; empty: no limit.",
+    )
+    max_waiting: int = _env(
+        "SAGA_MAX_WAITING",
+        0,
+        "Admission control: a start is refused while a queue its saga sends to holds this "
+        "many commands waiting for capacity; 0: no limit.",
+    )
     sweep_batch: int = _env(
         "SAGA_SWEEP_BATCH",
         500,
@@ -276,6 +301,10 @@ class Settings:
                 "SAGA_UNKNOWN_ERROR_RETRIES must be >= 0 and SAGA_POISON_LIMIT >= 1"
             )
         self.tokens()
+        for limits in ("max_in_flight", "rate_limit", "max_active"):
+            self.queue_limits(limits)
+        if self.max_waiting < 0:
+            raise ConfigurationError("SAGA_MAX_WAITING must be 0 (no limit) or more")
         if not (
             self.trace_export in ("off", "console")
             or (self.trace_export.startswith("file:") and self.trace_export[5:].strip())
@@ -424,6 +453,11 @@ class Settings:
         """True when participants have databases of their own (not the orchestrator's)."""
         return bool(self._participant_urls())
 
+    def queue_limits(self, name: str) -> dict[str, float]:
+        """``SAGA_MAX_IN_FLIGHT``, ``SAGA_RATE_LIMIT`` or ``SAGA_MAX_ACTIVE`` (by field
+        ``name``) as name -> number, ``*`` for every other name."""
+        return dict(_numbers(_env_name(name), getattr(self, name)))
+
     def tokens(self) -> dict[str, tuple[str, frozenset[str]]]:
         """``SAGA_API_TOKENS`` as token -> (actor, scopes). Errors name the actor, never
         the token (a token cannot contain ``:``; part of one may sit where scopes go)."""
@@ -486,6 +520,29 @@ class Settings:
             for f in fields(cls)
             if "env" in f.metadata
         ]
+
+
+_NAMED_NUMBER = re.compile(r"^(?P<name>[A-Za-z_*][A-Za-z0-9_.-]*)=(?P<value>[0-9.]+)$")
+
+
+def _numbers(env: str, raw: str) -> dict[str, float]:
+    """A number for every name, or ``name=N`` entries separated by spaces."""
+    entries = raw.split()
+    found: dict[str, float] = {}
+    for entry in entries:
+        named = _NAMED_NUMBER.match(entry)
+        name, value = (named["name"], named["value"]) if named else ("*", entry)
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if name in found or not math.isfinite(number) or number < 0:
+            raise ConfigurationError(
+                f"{env}: a number, or name=N entries separated by spaces, each name once "
+                f"(not {_piece(entry)!r})"
+            )
+        found[name] = number
+    return found
 
 
 def _tiers(raw: str) -> tuple[int, ...]:

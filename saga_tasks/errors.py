@@ -22,6 +22,8 @@
     │   └── SenderRefused             from a broker user that may not send it
     ├── ServiceUnavailable            retry: PostgreSQL, RabbitMQ or Redis cannot be reached
     │   └── PublishFailed             the broker did not confirm a publish
+    ├── SagaOverloaded                retry later: admission control refused a start
+    │                                 (HTTP 429 with Retry-After, CLI exit 4)
     ├── ConcurrencyConflict           retry: another transaction moved the saga first
     ├── TransientError                retry: raised by participant code for passing faults
     └── BusinessRejection             give up: a business rule refused the command
@@ -153,6 +155,19 @@ class ServiceUnavailable(SagaTasksError):
 
 class PublishFailed(ServiceUnavailable):
     """The broker refused or did not confirm a publish; the outbox keeps the message."""
+
+
+class SagaOverloaded(SagaTasksError):
+    """Admission control: too many sagas of this type are active, or a queue they send to
+    holds too many commands waiting for capacity. Nothing was started; try again after
+    ``retry_after`` seconds."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: int, reason: str) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.reason = reason
 
 
 class ConcurrencyConflict(SagaTasksError):

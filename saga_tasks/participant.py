@@ -89,10 +89,21 @@ class Participant:
         schema: str | None = None,
         queue: str | None = None,
         migrations: str | Path | None = None,
+        max_in_flight: int | None = None,
+        rate_limit: float | None = None,
     ) -> None:
         if not name.isidentifier():
             raise ValueError(f"participant name {name!r} must be an identifier")
+        if (max_in_flight is not None and max_in_flight < 0) or (
+            rate_limit is not None and rate_limit < 0
+        ):
+            raise ValueError("max_in_flight and rate_limit must be 0 (no limit) or more")
         self.name = name
+        self.max_in_flight = max_in_flight
+        """Commands sent to its queue and unanswered at once; None: ``SAGA_MAX_IN_FLIGHT``.
+        A deployment's ``SAGA_MAX_IN_FLIGHT`` entry naming it overrides this."""
+        self.rate_limit = rate_limit
+        """Commands per second sent to its queue; None: ``SAGA_RATE_LIMIT``."""
         self.schema = schema or name
         self.queue = queue or command_queue(name)
         self.migrations = Path(migrations) if migrations is not None else None

@@ -267,6 +267,29 @@ def reject_one(url, queue):
     return message
 
 
+def reject_the_last(url, queue):
+    """Dead-letter the last message on ``queue`` and put the ones before it back."""
+    with Connection(url) as conn:
+        channel = conn.channel()
+        taken = []
+        while (message := channel.basic_get(queue=queue, no_ack=False)) is not None:
+            taken.append(message)
+        *others, last = taken
+        channel.basic_reject(last.delivery_tag, requeue=False)
+        for message in others:
+            channel.basic_reject(message.delivery_tag, requeue=True)
+        channel.close()
+    return last
+
+
+def lapse(app, clock, saga_id: str) -> None:
+    """Move ``clock`` just past the saga's next deadline (an attempt's wait grows with
+    its retry policy's backoff, so a fixed step would not do)."""
+    wake = app.orchestrator.get(saga_id).next_wake_at()
+    assert wake is not None, "nothing is awaited"
+    clock.advance(max((wake - clock.now()).total_seconds(), 0) + 1)
+
+
 def events(app, saga_id):
     return [
         (r["event"], r["actor"])

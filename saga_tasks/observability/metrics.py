@@ -50,8 +50,9 @@ STEP_LATENCY = Histogram(
 )
 TIMEOUTS = Counter(
     "saga_timeouts_total",
-    "Deadlines that passed: re-sends, re-sends deferred behind a queue's backlog, steps "
-    "given up, compensations re-sent or exhausted",
+    "Deadlines that passed: re-sends, re-sends deferred behind a queue's backlog or while "
+    "the command waits for capacity, deadlines moved to run from dispatch, steps given up, "
+    "compensations re-sent, steps and compensations overdue (alerts)",
     ["saga_type", "step", "action"],
 )
 SWEEP_HANDED_OVER = Counter(
@@ -63,12 +64,26 @@ COMPENSATIONS = Counter(
     "saga_compensations_total", "Compensations requested", ["saga_type", "step"]
 )
 
+DISPATCHED = Counter(
+    "saga_commands_dispatched_total",
+    "Commands released by flow control from waiting in PostgreSQL to the broker",
+    ["queue"],
+)
+ADMISSION_REFUSED = Counter(
+    "saga_admission_refused_total",
+    "Saga starts refused by admission control, by type and reason (active, waiting)",
+    ["saga_type", "reason"],
+)
+
 _TIMEOUT_EVENTS = {
     "step_resent": "resent",
     "resend_deferred": "resend_deferred",
     "step_given_up": "given_up",
     "compensation_resent": "compensation_resent",
-    "compensation_exhausted": "compensation_exhausted",
+    "dispatch_waiting": "dispatch_waiting",
+    "deadline_from_dispatch": "deadline_from_dispatch",
+    "step_overdue": "overdue",
+    "compensation_overdue": "compensation_overdue",
 }
 
 

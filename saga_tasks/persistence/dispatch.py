@@ -26,7 +26,7 @@ from sqlalchemy import Connection, text
 from saga_tasks.core.messages import H_STEP, OutboundMessage
 from saga_tasks.persistence import outbox, recordset
 from saga_tasks.persistence.prepared import Prepared
-from saga_tasks.persistence.tables import saga_dispatch
+from saga_tasks.persistence.tables import saga_dispatch, saga_outbox
 
 COLUMNS = (
     "message_id",
@@ -110,7 +110,7 @@ def _release_sql() -> Prepared:
               AS l(queue text, max_in_flight bigint, rate float8)),
         bucket AS (
           SELECT l.queue, CASE WHEN l.rate > 0 THEN least(greatest(l.rate, 1.0), coalesce(
-                   b.tokens + extract(epoch FROM now() - b.at) * l.rate,
+                   b.tokens + greatest(extract(epoch FROM :now - b.at), 0) * l.rate,
                    greatest(l.rate, 1.0))) END AS tokens
           FROM lim l LEFT JOIN saga.dispatch_rate b ON b.queue = l.queue),
         room AS (
@@ -130,20 +130,24 @@ def _release_sql() -> Prepared:
             ORDER BY d.created_at LIMIT r.n
             FOR UPDATE SKIP LOCKED) w),
         sent AS (
-          UPDATE saga.saga_dispatch d SET sent_at = now() FROM picked p
+          UPDATE saga.saga_dispatch d SET sent_at = :now FROM picked p
           WHERE d.message_id = p.message_id
           RETURNING d.*),
         spent AS (
           INSERT INTO saga.dispatch_rate (queue, tokens, at)
           SELECT bk.queue, bk.tokens - (SELECT count(*) FROM picked p WHERE p.queue = bk.queue),
-                 now()
+                 :now
           FROM bucket bk WHERE bk.tokens IS NOT NULL
           ON CONFLICT (queue) DO UPDATE SET tokens = excluded.tokens, at = excluded.at
           RETURNING 1)
-        INSERT INTO saga.saga_outbox ({out_cols})
+        INSERT INTO {recordset.qualified(saga_outbox)} ({out_cols})
         SELECT {out_cols} FROM sent
         RETURNING *"""  # noqa: S608 - identifiers are ours; values bound
-    return Prepared("saga_dispatch_release", sql, {"limits": "jsonb", "most": "bigint"})
+    return Prepared(
+        "saga_dispatch_release",
+        sql,
+        {"limits": "jsonb", "most": "bigint", "now": "timestamptz"},
+    )
 
 
 _RELEASE = _release_sql()
@@ -152,11 +156,13 @@ _RELEASE = _release_sql()
 def release(
     conn: Connection,
     limits: Mapping[str, QueueLimit],
+    now: datetime,
     *,
     most: int = MOST_PER_RELEASE,
 ) -> list[OutboundMessage]:
     """Move the oldest waiting commands of ``limits``' queues to the outbox, as room
-    allows; the messages to publish once ``conn``'s transaction commits."""
+    allows; the messages to publish once ``conn``'s transaction commits. ``now`` (the
+    app's clock) stamps their dispatch, from which their steps' deadlines run."""
     queues = sorted(q for q, limit in limits.items() if limit.active)
     if not queues:
         return []
@@ -171,7 +177,7 @@ def release(
             for q in queues
         ]
     )
-    result = _RELEASE.execute(conn, {"limits": param, "most": most})
+    result = _RELEASE.execute(conn, {"limits": param, "most": most, "now": now})
     return [outbox.to_message(row) for row in result]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Connection, Row, insert, select, text
+from sqlalchemy import BigInteger, Column, Connection, Row, func, insert, select, text
 
 from saga_tasks.core.decider import HistoryEntry
 from saga_tasks.core.messages import OutboundMessage
@@ -668,3 +668,13 @@ def list_sagas(
         stmt = stmt.where(saga_instance.c.business_key == business_key)
     stmt = stmt.order_by(saga_instance.c.created_at.desc()).limit(limit)
     return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def active_counts(conn: Connection) -> dict[str, int]:
+    """Active sagas (running or compensating) per type: admission control's measure."""
+    stmt = (
+        select(saga_instance.c.saga_type, func.count())
+        .where(saga_instance.c.status.in_([s.value for s in ACTIVE_SAGA]))
+        .group_by(saga_instance.c.saga_type)
+    )
+    return {row[0]: int(row[1]) for row in conn.execute(stmt)}

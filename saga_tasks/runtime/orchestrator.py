@@ -46,6 +46,8 @@ from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
 from saga_tasks.runtime import invalid
+from saga_tasks.runtime.admission import Admission
+from saga_tasks.runtime.flow import FlowControl
 from saga_tasks.runtime.hooks import NO_HOOKS, Hooks
 from saga_tasks.runtime.outlet import Outlet
 
@@ -81,8 +83,12 @@ class Orchestrator:
         tracing: Tracing = OFF,
         hooks: Hooks = NO_HOOKS,
         senders: Senders = OPEN,
+        flow: FlowControl | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.hooks = hooks
+        self.flow = flow or FlowControl({})
+        self.admission = admission
         self.senders = senders
         self._engine = engine
         self.registry = registry
@@ -115,6 +121,8 @@ class Orchestrator:
         if traceparent is not None and not _TRACEPARENT.match(traceparent):
             raise InputError("traceparent is not a W3C trace context header")
         clean = definition.validate_payload(payload)
+        if self.admission is not None:
+            self.admission.admit(definition, business_key)
         self.hooks.starting(saga_type, clean)
         digest = sagas.payload_hash(clean)
         with self.tracing.span(
@@ -149,7 +157,9 @@ class Orchestrator:
         if session is not None:
             return self._start_in_session(session, definition, decision, digest)
         with translated(self.engine.url), self.engine.begin() as conn:
-            handle, messages = self._write_start(conn, definition, decision, digest)
+            handle, messages, held = self._write_start(conn, definition, decision, digest)
+            if held:
+                messages += self.flow.release(conn, {m.queue for m in held})
         if handle.created:
             self._outlet().send(saga_outbox, messages)
         return handle
@@ -158,9 +168,9 @@ class Orchestrator:
         self, session: Session, definition: SagaDefinition, decision: Decision, digest: str
     ) -> SagaHandle:
         conn = session.connection()
-        handle, messages = self._write_start(conn, definition, decision, digest)
-        if handle.created and messages:
-            self._publish_after_commit(session, conn, handle, messages)
+        handle, messages, held = self._write_start(conn, definition, decision, digest)
+        if handle.created and (messages or held):
+            self._publish_after_commit(session, conn, handle, messages, {m.queue for m in held})
         return handle
 
     def _publish_after_commit(
@@ -169,8 +179,11 @@ class Orchestrator:
         conn: Connection,
         handle: SagaHandle,
         messages: list[OutboundMessage],
+        held: set[str],
     ) -> None:
-        """Publish the start's first commands once the transaction that holds it commits.
+        """Publish the start's first commands once the transaction that holds it commits;
+        commands to ``held`` queues (flow control) are released in a transaction of their
+        own then, so the caller's transaction never waits for a queue's release lock.
 
         ``after_commit`` also fires when a savepoint is released, and the caller's next
         commit may not hold the start at all (a savepoint around it, or the whole
@@ -191,8 +204,9 @@ class Orchestrator:
                 return
             done.append(True)
             try:
-                with translated(self.engine.url), self.engine.connect() as check:
+                with translated(self.engine.url), self.engine.begin() as check:
                     committed = sagas.exists(check, handle.saga_id)
+                    released = self.flow.release(check, held) if committed and held else []
             except ServiceUnavailable:
                 log.warning(
                     "saga start: cannot tell whether it committed; recovery sends its commands",
@@ -205,18 +219,19 @@ class Orchestrator:
                     extra=fields,
                 )
                 return
-            self._outlet().send(saga_outbox, messages)
+            self._outlet().send(saga_outbox, [*messages, *released])
 
         event.listen(session, "after_commit", publish_after_commit)
 
     def _write_start(
         self, conn: Connection, definition: SagaDefinition, decision: Decision, digest: str
-    ) -> tuple[SagaHandle, list[OutboundMessage]]:
+    ) -> tuple[SagaHandle, list[OutboundMessage], list[OutboundMessage]]:
+        """The start's row, steps, history and commands; (handle, sent now, waiting)."""
         state = decision.state
         now = state.created_at
-        messages = [
-            command_message(self.topology, state, c, causation_id=None) for c in decision.commands
-        ]
+        messages, held = self.flow.split(
+            [command_message(self.topology, state, c, causation_id=None) for c in decision.commands]
+        )
         inserted = sagas.insert_new(
             conn,
             state,
@@ -225,6 +240,7 @@ class Orchestrator:
             [s.name for s in definition.steps],
             history=sagas.history_rows(state.saga_id, decision.history, now),
             messages=messages,
+            held=held,
         )
         if not inserted:
             existing = sagas.find_by_key(conn, state.saga_type, state.business_key)
@@ -245,6 +261,7 @@ class Orchestrator:
                     created=False,
                 ),
                 [],
+                [],
             )
         metrics.SAGAS_STARTED.labels(saga_type=state.saga_type).inc()
         log.info(
@@ -256,6 +273,7 @@ class Orchestrator:
                 state.saga_id, state.saga_type, state.business_key, state.status, created=True
             ),
             messages,
+            held,
         )
 
     # -- replies --------------------------------------------------------------------------
@@ -410,12 +428,13 @@ class Orchestrator:
         if decision.changed:
             changes.save(state, decision.state, [s.name for s in definition.steps])
         changes.log(state.saga_id, decision.history, now, causation_id=causation_id, actor=actor)
-        changes.messages = [
+        messages = [
             command_message(self.topology, decision.state, c, causation_id=causation_id)
             for c in decision.commands
         ]
+        touched = self.flow.stage(changes, definition, state, decision.state, messages)
         sagas.write_changes(conn, changes, now)
-        return changes.messages
+        return changes.messages + self.flow.release(conn, touched)
 
     # -- operators and dead letters ---------------------------------------------------------
 

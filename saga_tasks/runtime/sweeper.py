@@ -24,9 +24,10 @@ from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import UnknownDefinitionVersion
 from saga_tasks.messaging.topology import Topology
 from saga_tasks.observability import metrics
-from saga_tasks.persistence import sagas
+from saga_tasks.persistence import dispatch, sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import saga_outbox
+from saga_tasks.runtime.flow import FlowControl
 from saga_tasks.runtime.orchestrator import command_message, log_fields, observe
 from saga_tasks.runtime.outlet import Outlet
 
@@ -55,8 +56,12 @@ class Sweeper:
         outlet: Callable[[], Outlet],
         clock: Clock,
         backlog: Callable[[], Mapping[str, int]] | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
         self._engine = engine
+        self.flow = flow or FlowControl({})
+        """Releases commands waiting for capacity each sweep (the timer of rate limits,
+        and a second chance for any release a transaction could not make)."""
         self.registry = registry
         self.topology = topology
         self._outlet = outlet
@@ -89,8 +94,14 @@ class Sweeper:
                 due = sagas.claim_due(conn, now, batch)
                 if due and backlog is None:
                     backlog = self._read_backlog()
-                done = self._decide_due(due, now, report, backlog or {})
+                sent = (
+                    dispatch.dispatch_times(conn, [s.saga_id for s in due])
+                    if due and self.flow.enabled
+                    else {}
+                )
+                done = self._decide_due(due, now, report, backlog or {}, sent)
                 messages = self._write_swept(conn, done, now)
+                messages += self.flow.release(conn)
             report.claimed += len(due)
             report.changed += sum(1 for _, _, d in done if d.changed)
             report.commands += len(messages)
@@ -123,13 +134,15 @@ class Sweeper:
         now: datetime,
         report: SweepReport,
         backlog: Mapping[str, int],
+        sent: Mapping[str, Mapping[str, datetime | None]],
     ) -> list[tuple[SagaState, SagaDefinition | None, Decision]]:
         done = []
         for state in due:
             definition: SagaDefinition | None = None
             try:
                 definition = self.registry.get(state.saga_type, state.definition_version)
-                decision = decide(definition, state, DeadlinePassed(backlog), now)
+                event = DeadlinePassed(backlog, sent.get(state.saga_id, {}))
+                decision = decide(definition, state, event, now)
             except UnknownDefinitionVersion as exc:
                 decision = self._cannot_decide(state, str(exc), report)
             except Exception as exc:  # a bug must not stall every other saga's timeouts
@@ -174,9 +187,10 @@ class Sweeper:
             else:
                 changes.save(state, state, order, touch=False)  # repairs next_wake_at only
             changes.log(state.saga_id, decision.history, now)
-            changes.messages += [
+            messages = [
                 command_message(self.topology, decision.state, c, causation_id=None)
                 for c in decision.commands
             ]
+            self.flow.stage(changes, definition, state, decision.state, messages)
         sagas.write_changes(conn, changes, now)
         return changes.messages

@@ -30,6 +30,7 @@ from saga_tasks.errors import (
     InputError,
     InvalidPayload,
     SagaNotFound,
+    SagaOverloaded,
     SagaTasksError,
     ServiceUnavailable,
     UnknownSagaType,
@@ -75,6 +76,8 @@ def problem_response(p: Problem, instance: str | None = None) -> JSONResponse:
     headers = None
     if p.status == 401:
         headers = {"WWW-Authenticate": 'Bearer realm="saga_tasks"'}
+    elif p.status == 429 and "retry_after" in p.extra:
+        headers = {"Retry-After": str(p.extra["retry_after"])}
     elif p.status == 403 and "missing_scope" in p.extra:  # RFC 6750, section 3
         headers = {
             "WWW-Authenticate": 'Bearer realm="saga_tasks", error="insufficient_scope", '
@@ -103,6 +106,10 @@ def translate(exc: SagaTasksError) -> Problem:
         return Problem(409, "action-refused", "Action refused", str(exc))
     if isinstance(exc, InputError):
         return Problem(400, "bad-request", "Bad request", str(exc))
+    if isinstance(exc, SagaOverloaded):
+        return Problem(
+            429, "overloaded", "Too many sagas in progress", str(exc), retry_after=exc.retry_after
+        )
     if isinstance(exc, ServiceUnavailable):
         # Hosts, users and driver words stay in the server's log, not in a public answer.
         log.error("answering 503: %s", exc)
@@ -165,6 +172,7 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
         (404, "Not found"),
         (409, "Conflict with the saga's state or version"),
         (422, "Invalid input"),
+        (429, "Too many sagas in progress: retry after Retry-After seconds"),
         (503, "A backing service is unavailable"),
     )
 }

@@ -7,14 +7,17 @@ from saga_tasks.core.model import LATE_SUCCESS
 from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
 from saga_tasks.ops.operator import act
-from tests.helpers import ORDER, drain, pump, run_command, run_reply, scalar
+from saga_tasks.runtime.holding import DEAD_LETTER
+from tests.helpers import ORDER, drain, pump, reject_the_last, run_command, run_reply, scalar
 
 
 def to_confirm_given_up(app, clock, url, key):
     """Create, reserve and authorize answered; the confirm waits in the orders queue (the
-    service is slow) until its attempts are spent: the saga is in review."""
+    service is slow), the sweeper sends it again, and that copy is dead-lettered: the
+    confirm is given up, its outcome unknown, and the saga is in review. (Silence alone
+    no longer gives up a step that cannot be undone: it is sent until it answers.)"""
     # The sweeper cannot read the queue's depth (as when the broker does not answer it):
-    # a confirm queued behind a backlog would otherwise wait on instead of being given up.
+    # a confirm queued behind the first copy would otherwise wait on instead of a re-send.
     app.sweeper._backlog = dict
     handle = app.start_saga("order", key, ORDER)
     for queue in ("orders.commands", "inventory.commands", "payments.commands"):
@@ -22,9 +25,11 @@ def to_confirm_given_up(app, clock, url, key):
         run_command(app, command)
         (reply,) = drain(url, "saga.replies")
         run_reply(app, reply)
-    for _ in range(3):
-        clock.advance(31)
-        app.sweeper.sweep()
+    deadline = app.orchestrator.get(handle.saga_id).steps["confirm_order"].deadline
+    clock.advance((deadline - clock.now()).total_seconds() + 1)
+    assert app.sweeper.sweep().commands == 1
+    reject_the_last(url, "orders.commands")  # the re-send dies; the first copy waits
+    app.intake.take(DEAD_LETTER)
     state = app.orchestrator.get(handle.saga_id)
     assert state.status is SagaStatus.MANUAL_REVIEW, state.reason
     assert state.steps["confirm_order"].status is StepStatus.TIMED_OUT

@@ -8,13 +8,11 @@ fence of a step done by hand (the step is SUCCEEDED and fencing, its compensatio
 
 from __future__ import annotations
 
-from kombu import Connection
-
 from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.ops.operator import act
 from saga_tasks.ops.views import held_list, held_show
 from saga_tasks.runtime.holding import DEAD_LETTER
-from tests.helpers import ORDER, drain, pump, reject_one, run_command, run_reply
+from tests.helpers import ORDER, drain, pump, reject_one, reject_the_last, run_command, run_reply
 
 
 def to_confirm(app, url, key):
@@ -42,21 +40,6 @@ def test_the_dead_command_of_a_step_that_cannot_be_undone_can_be_replayed(order_
     )
     pump(app, url)
     assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED
-
-
-def reject_the_last(url, queue):
-    """Dead-letter the last message on ``queue`` and put the ones before it back."""
-    with Connection(url) as conn:
-        channel = conn.channel()
-        taken = []
-        while (message := channel.basic_get(queue=queue, no_ack=False)) is not None:
-            taken.append(message)
-        *others, last = taken
-        channel.basic_reject(last.delivery_tag, requeue=False)
-        for message in others:
-            channel.basic_reject(message.delivery_tag, requeue=True)
-        channel.close()
-    return last
 
 
 def test_a_dead_fence_is_awaited_and_can_be_replayed(order_app, settings):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from saga_tasks.core.states import SagaStatus, StepStatus
-from tests.helpers import ORDER, drain, pump, rows, run_command, run_reply, scalar
+from tests.helpers import ORDER, drain, lapse, pump, rows, run_command, run_reply, scalar
 
 
 def create_and_advance_to_reserve(app, broker_url, key):
@@ -35,14 +35,14 @@ def test_no_answer_resends_then_gives_up_and_the_late_command_meets_a_tombstone(
     handle = create_and_advance_to_reserve(app, url, "t-1")
     (lost,) = drain(url, "inventory.commands")  # never answered
     for attempt in (2, 3):
-        clock.advance(31)
+        lapse(app, clock, handle.saga_id)
         report = app.sweeper.sweep()
         assert (report.claimed, report.changed, report.commands) == (1, 1, 1)
         (again,) = drain(url, "inventory.commands")
         assert again["headers"]["saga_command_id"] == lost["headers"]["saga_command_id"]
         assert again["headers"]["id"] != lost["headers"]["id"]
         assert again["headers"]["saga_attempt"] == attempt
-    clock.advance(31)
+    lapse(app, clock, handle.saga_id)
     app.sweeper.sweep()
     state = app.orchestrator.get(handle.saga_id)
     assert state.status is SagaStatus.COMPENSATING

@@ -14,6 +14,7 @@ from saga_tasks.config import Settings
 from saga_tasks.errors import (
     ConfigurationError,
     InputError,
+    SagaOverloaded,
     SagaTasksError,
     ServiceUnavailable,
 )
@@ -22,6 +23,8 @@ from saga_tasks.observability.logs import printable
 EXIT_CONFIG = 1
 EXIT_INPUT = 2
 EXIT_UNAVAILABLE = 3
+EXIT_OVERLOADED = 4
+"""Admission control refused a start: nothing was started; try again later."""
 
 COMMANDS_GROUP = "saga_tasks.commands"
 """Entry-point group of the commands other distributions add to ``saga-tasks``."""
@@ -41,6 +44,8 @@ def errors() -> Iterator[None]:
         fail(str(exc), EXIT_INPUT)
     except ServiceUnavailable as exc:
         fail(str(exc), EXIT_UNAVAILABLE)
+    except SagaOverloaded as exc:
+        fail(f"{exc} (retry after {exc.retry_after} s)", EXIT_OVERLOADED)
     except ConfigurationError as exc:
         fail(str(exc), EXIT_CONFIG)
     except SagaTasksError as exc:
