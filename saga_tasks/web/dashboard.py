@@ -25,7 +25,7 @@ from saga_tasks.app import SagaApp
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import SagaNotFound
 from saga_tasks.ops.views import list_view, saga_view, stuck
-from saga_tasks.persistence import samples
+from saga_tasks.persistence import dispatch, samples
 from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
 from saga_tasks.web.auth import READ, Forbidden, Gate, Unauthorized
@@ -102,6 +102,7 @@ def mount(web: FastAPI, app: SagaApp) -> None:
             stuck=stuck(app, limit=20),
             recent=recent["sagas"],
             held=_held_counts(app),
+            flow=_flow(app),
             filters={
                 "status": status.value if status else "",
                 "type": saga_type or "",
@@ -148,6 +149,27 @@ def _held_counts(app: SagaApp) -> dict[str, int]:
     with translated(app.settings.database_url), app.engine.connect() as conn:
         pending = status_sql.pending_held(conn)
     return {"dead_letter": 0, "parking": 0} | pending
+
+
+def _flow(app: SagaApp) -> list[dict[str, Any]]:
+    """Each command queue's commands in flight and waiting for capacity, with its limits."""
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        flows = dispatch.counts(conn)
+    found = []
+    for queue in app.topology.command_queues:
+        flow = flows.get(queue, dispatch.QueueFlow(0, 0, 0.0))
+        limit = app.flow.limits.get(queue)
+        found.append(
+            {
+                "queue": queue,
+                "in_flight": flow.in_flight,
+                "waiting": flow.waiting,
+                "oldest_wait": flow.oldest_wait_seconds,
+                "max_in_flight": limit.max_in_flight if limit else 0,
+                "rate_limit": limit.rate_limit if limit else 0,
+            }
+        )
+    return found
 
 
 def _chart(app: SagaApp, hours: int) -> dict[str, Any]:

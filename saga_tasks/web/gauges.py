@@ -13,14 +13,15 @@ from sqlalchemy import Engine, Table
 from saga_tasks.core.states import ACTIVE_SAGA
 from saga_tasks.messaging.admin import queue_depths
 from saga_tasks.messaging.topology import DEAD_LETTER_QUEUE, PARKING_QUEUE, REPLY_QUEUE
-from saga_tasks.persistence import status
+from saga_tasks.persistence import dispatch, status
 from saga_tasks.persistence.outbox import oldest_unpublished_age
 
 log = logging.getLogger("saga_tasks.web.gauges")
 
 
 class StateCollector(Collector):
-    """Sagas by status, outbox lag, held messages and queue depths, read when scraped."""
+    """Sagas by status, outbox lag, held messages, commands waiting for capacity and in
+    flight per queue, and queue depths, read when scraped."""
 
     def __init__(
         self,
@@ -32,6 +33,7 @@ class StateCollector(Collector):
     ) -> None:
         self._engine = engine
         self.outbox_tables = outbox_tables
+        self.command_queues = list(command_queues)
         self.queues = [*command_queues, REPLY_QUEUE, DEAD_LETTER_QUEUE, PARKING_QUEUE]
         self.broker_url = broker_url
 
@@ -53,6 +55,21 @@ class StateCollector(Collector):
         held = GaugeMetricFamily(
             "saga_held_pending", "Held messages waiting for an operator", labels=["holding"]
         )
+        waiting = GaugeMetricFamily(
+            "saga_dispatch_waiting",
+            "Commands waiting in PostgreSQL for capacity at their queue (flow control)",
+            labels=["queue"],
+        )
+        in_flight = GaugeMetricFamily(
+            "saga_dispatch_in_flight",
+            "Commands sent to a queue under flow control and not yet answered",
+            labels=["queue"],
+        )
+        oldest = GaugeMetricFamily(
+            "saga_dispatch_oldest_wait_seconds",
+            "How long the oldest command waiting for capacity has waited",
+            labels=["queue"],
+        )
         with self._engine().connect() as conn:
             by_status = {s.value: 0 for s in ACTIVE_SAGA}
             for saga_type, state, n in status.counts_by_type_and_status(conn):
@@ -67,10 +84,19 @@ class StateCollector(Collector):
             pending = status.pending_held(conn)
             for holding in ("dead_letter", "parking"):
                 held.add_metric([holding], pending.get(holding, 0))
+            flows = dispatch.counts(conn)
+            for queue in self.command_queues:
+                flow = flows.get(queue, dispatch.QueueFlow(0, 0, 0.0))
+                waiting.add_metric([queue], flow.waiting)
+                in_flight.add_metric([queue], flow.in_flight)
+                oldest.add_metric([queue], flow.oldest_wait_seconds)
         yield sagas
         yield active
         yield lag
         yield held
+        yield waiting
+        yield in_flight
+        yield oldest
         depth = GaugeMetricFamily("saga_queue_depth", "Ready messages in a queue", labels=["queue"])
         for name, n in queue_depths(self.broker_url, self.queues).items():
             depth.add_metric([name], n)

@@ -24,8 +24,10 @@ def test_payment_timeout_late_success_is_compensated(fast_app, workers):
     workers.orchestrator()
     workers.beat()
     workers.participants()
-    # authorize: 1.8 s a try, 3 tries, then given up; the payment service takes 7 s.
-    payload = {**ORDER, "demo_faults": {"payments.authorize": "slow:7"}}
+    # authorize: 1.8 s a try, then longer ones (backoff), and its re-sends wait behind the
+    # busy payments queue; the saga's deadline (18 s) gives the step up at the latest. The
+    # payment service takes 22 s.
+    payload = {**ORDER, "demo_faults": {"payments.authorize": "slow:22"}}
     handle = fast_app.start_saga("order", "late-1", payload)
     state = wait_for_status(fast_app, handle.saga_id, [SagaStatus.COMPENSATED], timeout=60)
     assert state.steps["authorize_payment"].given_up

@@ -165,3 +165,17 @@ def test_admission_refuses_over_the_limit_and_admits_again_under_it(settings, is
         assert app.start_saga("order", "adm-2", ORDER).created
     finally:
         app.close()
+
+
+def test_the_backlog_of_each_participant_is_seen_on_metrics_and_the_dashboard(limited, settings):
+    app, url = limited, settings.broker_url
+    to_reserve_all(app, url, [f"fs-{i}" for i in range(4)])
+    with TestClient(create_web_app(app), headers=AUTH) as client:
+        metrics = client.get("/metrics").text
+        page = client.get("/").text
+    assert 'saga_dispatch_waiting{queue="inventory.commands"} 2.0' in metrics
+    assert 'saga_dispatch_in_flight{queue="inventory.commands"} 2.0' in metrics
+    assert 'saga_dispatch_waiting{queue="orders.commands"} 0.0' in metrics
+    row = page.split('data-queue="inventory.commands"')[1].split("</tr>")[0]
+    cells = [c.split(">")[-1] for c in row.split("</td>")[:-1]]
+    assert cells[:4] == ["inventory.commands", "2", "2", "2"], cells

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
+import pytest
+
 from saga_tasks.core.states import SagaStatus, StepStatus
-from tests.helpers import ORDER, drain, lapse, pump, rows, run_command, run_reply, scalar
+from tests.helpers import (
+    ORDER,
+    build_order_app,
+    drain,
+    lapse,
+    pump,
+    rows,
+    run_command,
+    run_reply,
+    scalar,
+)
 
 
 def create_and_advance_to_reserve(app, broker_url, key):
@@ -73,10 +86,19 @@ def test_a_quiet_sweep_touches_nothing(clocked_app, clock, settings):
     assert clocked_app.orchestrator.get(handle.saga_id).version == version
 
 
-def test_two_sweepers_never_act_twice_on_one_saga(clocked_app, clock, settings):
-    app, url = clocked_app, settings.broker_url
-    # About claims, not backlogs: one sweeper's re-sends would otherwise be a backlog the
-    # other sees in orders.commands, and its sagas would wait on instead.
+@pytest.fixture
+def unlimited_app(settings, clock):
+    """The order saga with a clock the test moves and no flow control: every command
+    goes out at once."""
+    app = build_order_app(dataclasses.replace(settings, max_in_flight="0"), clock=clock)
+    yield app
+    app.close()
+
+
+def test_two_sweepers_never_act_twice_on_one_saga(unlimited_app, clock, settings):
+    app, url = unlimited_app, settings.broker_url
+    # Nor backlogs: one sweeper's re-sends would otherwise be a backlog the other sees in
+    # orders.commands, and its sagas would wait on instead.
     app.sweeper._backlog = dict
     sagas = 60
     for i in range(sagas):

@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from saga_tasks.observability.logs import JsonFormatter
 from saga_tasks.web import create_web_app
-from tests.helpers import ANA_TOKEN, ORDER, drain, pump, run_command, run_reply, scalar
+from tests.helpers import ANA_TOKEN, ORDER, drain, lapse, pump, run_command, run_reply, scalar
 
 AUTH = {"Authorization": f"Bearer {ANA_TOKEN}"}
 
@@ -293,7 +293,7 @@ def test_every_classification_timeout_and_backlog_shows_in_metrics(clocked_app, 
         late = app.start_saga("order", "mx-late", ORDER)
         (lost,) = drain(url, "orders.commands")
         for _ in range(3):
-            clock.advance(31)
+            lapse(app, clock, late.saga_id)
             app.sweeper.sweep()
             drain(url, "orders.commands")  # each re-send lost too (no backlog to wait on)
         run_command(app, lost)

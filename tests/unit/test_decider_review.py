@@ -52,7 +52,7 @@ def sweep_shell(definition, state: SagaState, now) -> Decision:
         outlet=lambda: None,  # type: ignore[arg-type,return-value]
         clock=FakeClock(),
     )
-    ((_, _, decision),) = sweeper._decide_due([state], now, SweepReport(), {})
+    ((_, _, decision),) = sweeper._decide_due([state], now, SweepReport(), {}, {})
     return decision
 
 
