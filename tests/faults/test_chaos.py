@@ -93,6 +93,10 @@ def test_a_short_chaos_run_breaks_no_invariant(tmp_path, template_database):
     assert injected["operator"]["done"] >= 1
     assert injected["operator"]["errors"] == []
     assert report["found"]["monitor"]["samples"] >= 10
+    # Load is no reason for a person, nor for undoing a good order.
+    paths = json.dumps(report["paths"], indent=1)
+    assert report["manual_review_by_load"] == 0, paths
+    assert report["paths"]["good_orders_compensated"] == 0, paths
 
 
 def test_the_checker_sees_each_broken_invariant(order_app, settings):

@@ -102,6 +102,19 @@ def report_text(report: dict[str, Any]) -> str:
         say(f"  {event:<34} {n:>5}")
     for key, value in report["found"]["monitor"].items():
         say(f"  monitor {key:<26} {value:>5}")
+    paths, load = report["paths"], report["load"]
+    say("paths")
+    say(f"  {'good orders compensated':<34} {paths['good_orders_compensated']:>5}")
+    say(f"  {'manual review by load':<34} {paths['manual_review_by_load']:>5}")
+    say(f"  {'re-sends per saga':<34} {paths['resends_per_saga']:>5}")
+    latency = paths["completion_seconds"]
+    say(f"  {'completion p50 / p95 (s)':<34} {latency['p50']} / {latency['p95']}")
+    say(f"  {'ended per second':<34} {paths['ended_per_second']:>5}")
+    if "capacity_per_second" in load:
+        say(
+            f"  load: offered {load['offered_per_second']}/s = {load['overload']} x the "
+            f"warm-up's {load['capacity_per_second']}/s; goodput {load['goodput_ratio']} of it"
+        )
     for line in report["harness_errors"]:
         say(f"HARNESS ERROR {line}")
     if report["violations"]:

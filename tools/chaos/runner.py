@@ -1,7 +1,7 @@
 """The chaos run: many order sagas, injected faults, processes SIGKILLed, RabbitMQ and
 PostgreSQL restarted, an operator acting at random, then proof.
 
-    saga-tasks chaos [--sagas 500] [--seconds 300] [--kill-every 3] [--json]
+    saga-tasks chaos [--sagas 500] [--seconds 300] [--kill-every 3] [--json] [--overload F]
                      [--broker-restarts 1] [--db-restarts 1] [--outage 3]
                      [--operator-every 2] [--queue-type classic|quorum]
 
@@ -22,6 +22,12 @@ person retries it; a poison message). While they run:
   (``operator``);
 - a monitor samples the database for active sagas with nothing in flight and no
   future wake-up, and for sagas the sweeper claims without progress (``monitor``).
+
+With ``--overload F`` it first measures the machine's capacity this hour (``--warmup``
+plain orders at once, before any chaos), then offers F times that rate. Either way the
+report says how each saga ended against its fault's path (``paths``): good orders
+compensated, sagas in review for no fault that needs a person (``manual_review_by_load``),
+re-sends per saga, completion latency, sagas ended per second (goodput).
 
 When every saga has ended (or waits for a person), and every planned restart is done,
 it stops the chaos, lets the queues drain, and checks from the database that no
@@ -69,6 +75,7 @@ from tools.chaos.checks import (
 )
 from tools.chaos.monitor import Monitor
 from tools.chaos.operator import RandomOperator
+from tools.chaos.paths import outcomes
 from tools.chaos.report import observed, report_text, review_reasons
 from tools.chaos.services import OutageRunner, ServiceControl, plan_outages
 
@@ -316,7 +323,15 @@ def _run(
         injected.restarts += 1
 
     supervisor = Supervisor(chaos_processes(dict(os.environ), log_dir, users), on_restart=restarted)
-    load_seconds = args.sagas * args.interval
+    supervisor.start()
+    keys = f"chaos-{uuid.uuid4().hex[:6]}-"  # a run's own business keys, also with --here
+    capacity: float | None = None
+    interval = args.interval
+    if args.overload > 0:
+        # Before any chaos: the rate this machine sustains this hour, then F times it.
+        capacity = _warm_up(saga_app, probe, f"{keys}warm-", args.warmup, say)
+        interval = 1.0 / (args.overload * capacity)
+    load_seconds = args.sagas * interval
     plan = plan_outages(
         broker_restarts=args.broker_restarts,
         database_restarts=args.db_restarts,
@@ -329,11 +344,16 @@ def _run(
         f"{args.kill_every}s, outages {[f'{o.kind}@{o.at:.0f}s' for o in plan]}, an operator "
         f"every {args.operator_every}s, {os.environ.get('SAGA_QUEUE_TYPE', 'classic')} queues, "
         f"logs in {log_dir}/"
+        + (
+            f"; offered {1 / interval:.1f} sagas/s, {args.overload:g} x the "
+            f"{capacity:.1f}/s sustained in the warm-up"
+            if capacity
+            else ""
+        )
     )
-    supervisor.start()
     started_at = time.monotonic()
     rng = random.Random(args.seed)  # noqa: S311 - a reproducible run, not a secret
-    keys = f"chaos-{uuid.uuid4().hex[:6]}-"  # a run's own business keys, also with --here
+    kinds: dict[str, str] = {}
     outages = OutageRunner(
         ServiceControl(broker_url, database_url, broker_mode=args.broker_restart_mode),
         plan,
@@ -379,10 +399,11 @@ def _run(
         for i in range(args.sagas):
             kind, faults, _ = rng.choices(FAULTS, weights)[0]
             injected.faults[kind] += 1
+            kinds[f"{keys}{i:05d}"] = kind
             _start_with_retry(
                 saga_app, f"{keys}{i:05d}", payload_for(kind, faults, rng, args.time_scale)
             )
-            time.sleep(args.interval)
+            time.sleep(interval)
         say(f"all {args.sagas} started; waiting for them to end")
 
         def waiting() -> int:
@@ -426,6 +447,15 @@ def _run(
     violations += [f"{n} messages left in queue {q}" for q, n in queues_left.items() if n]
     harness_errors = outages.errors()
     elapsed = time.monotonic() - started_at
+    paths = outcomes(probe, kinds, {d.saga_id for d in operator.done})
+    load: dict[str, Any] = {"offered_per_second": round(1 / interval, 2)}
+    if capacity:
+        load |= {
+            "overload": args.overload,
+            "warmup_sagas": args.warmup,
+            "capacity_per_second": round(capacity, 2),
+            "goodput_ratio": round(paths["ended_per_second"] / capacity, 2),
+        }
     report = {
         "sagas": args.sagas,
         "seconds": round(elapsed, 1),
@@ -444,6 +474,9 @@ def _run(
             "events": observed(probe, probe_of),
             "monitor": monitor.report(),
         },
+        "paths": paths,
+        "manual_review_by_load": paths["manual_review_by_load"],
+        "load": load,
         "violations": violations,
         "evidence": evidence(probe, saga_ids_in(violations)),
         "harness_errors": harness_errors,
@@ -459,6 +492,33 @@ def _run(
 
     dispose_all()
     return 1 if violations or harness_errors else 0
+
+
+def _warm_up(app: Any, engine: Any, prefix: str, n: int, say: Callable[[str], None]) -> float:
+    """Start ``n`` plain orders at once and measure the sagas per second the deployment
+    ends them at, from the first to the last to end (workers' start-up left out)."""
+    say(f"warm-up: {n} plain orders at once, to measure this hour's capacity")
+    rng = random.Random(7)  # noqa: S311 - reproducible
+    for i in range(n):
+        _start_with_retry(app, f"{prefix}{i:05d}", payload_for("none", None, rng))
+    query = text(
+        "SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min(finished_at)) AS span "
+        "FROM saga.saga_instance WHERE business_key LIKE :p "
+        "AND status IN ('COMPLETED', 'COMPENSATED')"
+    )
+
+    def read() -> Any:
+        with engine.connect() as conn:
+            return conn.execute(query, {"p": f"{prefix}%"}).one()
+
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: _retrying(read).n >= n, timeout=300, interval=0.5)
+    done = _retrying(read)
+    if done.n < 2 or not done.span:
+        raise SystemExit(f"warm-up: only {done.n} of {n} sagas ended; no capacity to measure")
+    capacity = (int(done.n) - 1) / float(done.span)
+    say(f"warm-up: {done.n} ended at {capacity:.1f} sagas/s")
+    return capacity
 
 
 def _stock_and_credit(sagas: int) -> tuple[dict[str, int], dict[str, int]]:
@@ -584,6 +644,15 @@ def add_arguments(parser: Any) -> None:
         "--kill-every", type=float, default=3.0, help="seconds between SIGKILLs (0: none)"
     )
     parser.add_argument("--interval", type=float, default=0.08, help="seconds between starts")
+    parser.add_argument(
+        "--overload",
+        type=float,
+        default=0.0,
+        help="offer F times the rate the machine sustained in a warm-up (replaces --interval)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=150, help="plain orders the --overload warm-up runs"
+    )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument(
         "--time-scale",
