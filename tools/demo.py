@@ -1,9 +1,12 @@
 """The demo: real workers, beat and Flower, and a stream of order sagas through every path.
 
-    python -m tools.demo [--sagas 250] [--rate 20] [--exit | --keep] [--stop]
+    python -m tools.demo [--sagas 250] [--rate R | --warmup 60 --share 0.7]
+                         [--exit | --keep] [--stop]
 
 Starts the orchestrator, one worker per participant queue, beat and Flower; seeds
-stock and customers; starts the sagas at a steady rate with a known mix of paths
+stock and customers; measures the deployment's capacity this hour with a short warm-up
+(plain orders at once) and offers a share of it (or ``--rate``); starts the sagas at that
+steady rate with a known mix of paths
 (completed, out of stock, unknown SKU, declined, duplicate start, duplicate reply,
 slow participant, participant crash after commit); restarts any worker that dies;
 prints progress, then a summary that checks every saga ended as its path expects.
@@ -36,6 +39,7 @@ from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.errors import SagaTasksError
 from saga_tasks.ops.broker_users import read_env
 from saga_tasks.ops.processes import Supervisor, WorkerProcess, service_env
+from tools.capacity import measure
 
 STATE_DIR = Path(".demo")
 WEB_PORT = 8000
@@ -311,9 +315,20 @@ def stream(app: Any, args: argparse.Namespace, supervisor: Supervisor) -> bool:
     run_id = time.strftime("%Y%m%d%H%M%S")
     planned: dict[str, DemoPath] = {}
     duplicates_refused = 0
-    interval = 1.0 / args.rate
+    rate = args.rate
+    if rate is None:
+        print(f"warm-up: {args.warmup} plain orders at once, to measure this machine's capacity")
+        capacity = measure(
+            app, f"demo-{run_id}-warm-", args.warmup, lambda r: payload_for("completed", r)
+        )
+        rate = round(capacity * args.share, 1)
+        print(
+            f"capacity this hour: {capacity:.1f} sagas/s; offering {rate}/s "
+            f"({args.share:.0%} of it: a rate it sustains, so latency is the work, not a queue)"
+        )
+    interval = 1.0 / rate
     started_at = time.monotonic()
-    print(f"starting {args.sagas} order sagas at {args.rate}/s ...")
+    print(f"starting {args.sagas} order sagas at {rate}/s ...")
     with progress_line() as show:
         for i in range(args.sagas):
             path = rng.choices(PATHS, weights)[0]
@@ -426,7 +441,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m tools.demo") 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--sagas", type=int, default=250, help="sagas to start (default 250)")
     parser.add_argument(
-        "--rate", type=float, default=20.0, help="sagas started per second (default 20)"
+        "--rate",
+        type=float,
+        default=None,
+        help="sagas started per second (default: a share of the capacity a warm-up measures)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=60, help="plain orders the warm-up runs (default 60)"
+    )
+    parser.add_argument(
+        "--share",
+        type=float,
+        default=0.7,
+        help="share of the measured capacity offered when --rate is not given (default 0.7)",
     )
     parser.add_argument(
         "--timeout", type=float, default=180.0, help="seconds to wait for the sagas to end"
@@ -452,8 +479,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m tools.demo") 
     args = parser.parse_args(argv)
     if args.stop:
         return stop_previous()
-    if args.sagas < 1 or args.rate <= 0:
+    if args.sagas < 1 or (args.rate is not None and args.rate <= 0):
         parser.error("--sagas and --rate must be positive")
+    if args.rate is None and (args.warmup < 2 or not 0 < args.share <= 1):
+        parser.error("--warmup must be at least 2 and --share in (0, 1]")
     try:
         return run(args)
     except SagaTasksError as exc:

@@ -65,6 +65,7 @@ from saga_tasks.ops.processes import (
     service_env,
     wait_for,
 )
+from tools.capacity import measure
 from tools.chaos.checks import (
     PARTICIPANTS,
     check_invariants,
@@ -329,7 +330,11 @@ def _run(
     interval = args.interval
     if args.overload > 0:
         # Before any chaos: the rate this machine sustains this hour, then F times it.
-        capacity = _warm_up(saga_app, probe, f"{keys}warm-", args.warmup, say)
+        say(f"warm-up: {args.warmup} plain orders at once, to measure this hour's capacity")
+        capacity = measure(
+            saga_app, f"{keys}warm-", args.warmup, lambda r: payload_for("none", None, r)
+        )
+        say(f"warm-up: {capacity:.1f} sagas/s")
         interval = 1.0 / (args.overload * capacity)
     load_seconds = args.sagas * interval
     plan = plan_outages(
@@ -492,33 +497,6 @@ def _run(
 
     dispose_all()
     return 1 if violations or harness_errors else 0
-
-
-def _warm_up(app: Any, engine: Any, prefix: str, n: int, say: Callable[[str], None]) -> float:
-    """Start ``n`` plain orders at once and measure the sagas per second the deployment
-    ends them at, from the first to the last to end (workers' start-up left out)."""
-    say(f"warm-up: {n} plain orders at once, to measure this hour's capacity")
-    rng = random.Random(7)  # noqa: S311 - reproducible
-    for i in range(n):
-        _start_with_retry(app, f"{prefix}{i:05d}", payload_for("none", None, rng))
-    query = text(
-        "SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min(finished_at)) AS span "
-        "FROM saga.saga_instance WHERE business_key LIKE :p "
-        "AND status IN ('COMPLETED', 'COMPENSATED')"
-    )
-
-    def read() -> Any:
-        with engine.connect() as conn:
-            return conn.execute(query, {"p": f"{prefix}%"}).one()
-
-    with contextlib.suppress(AssertionError):
-        wait_for(lambda: _retrying(read).n >= n, timeout=300, interval=0.5)
-    done = _retrying(read)
-    if done.n < 2 or not done.span:
-        raise SystemExit(f"warm-up: only {done.n} of {n} sagas ended; no capacity to measure")
-    capacity = (int(done.n) - 1) / float(done.span)
-    say(f"warm-up: {done.n} ended at {capacity:.1f} sagas/s")
-    return capacity
 
 
 def _stock_and_credit(sagas: int) -> tuple[dict[str, int], dict[str, int]]:
