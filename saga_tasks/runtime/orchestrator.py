@@ -54,6 +54,9 @@ from saga_tasks.runtime.outlet import Outlet
 log = logging.getLogger("saga_tasks.orchestrator")
 
 MAX_BUSINESS_KEY = 200
+OVERDUE = frozenset({"step_overdue", "compensation_overdue"})
+"""History events of a step or compensation sent again past its policy's attempts: an
+alert (forward recovery goes on, but someone should look at the participant)."""
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
@@ -422,8 +425,9 @@ class Orchestrator:
         causation_id: str | None,
         actor: str = sagas.SYSTEM_ACTOR,
     ) -> list[OutboundMessage]:
-        """State (compare-and-set), history and outbox of one decision, in ``conn``'s tx:
-        one statement."""
+        """State (compare-and-set), history, outbox and commands waiting for capacity of
+        one decision, in ``conn``'s tx: one statement, then the release of what fits in
+        the queues it touched (two more, under flow control)."""
         changes = sagas.Changes()
         if decision.changed:
             changes.save(state, decision.state, [s.name for s in definition.steps])
@@ -541,6 +545,15 @@ def observe(before: SagaState, decision: Decision, message_id: str | None) -> No
                 after, message_id, status_before=before.status, status_after=after.status
             ),
         )
+    for entry in decision.history:
+        if entry.event in OVERDUE:
+            log.error(
+                "ALERT step %s overdue: %s",
+                entry.step,
+                entry.reason,
+                extra={**log_fields(after, message_id, status_before=before.status,
+                                    status_after=after.status), "step": entry.step},
+            )  # fmt: skip
     if not log.isEnabledFor(level):
         return
     for entry in decision.history:

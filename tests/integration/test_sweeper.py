@@ -289,3 +289,36 @@ def test_a_command_queued_behind_a_backlog_is_not_sent_again(clocked_app, clock,
     (resent,) = drain(url, "inventory.commands")
     assert resent["headers"]["saga_command_id"] == waiting["headers"]["saga_command_id"]
     assert app.orchestrator.get(handle.saga_id).steps["reserve_stock"].attempt == 2
+
+
+def test_a_step_that_cannot_be_undone_is_sent_until_it_answers_with_one_alert(
+    clocked_app, clock, settings, caplog
+):
+    """Forward recovery through the real sweeper: confirm_order (no compensation) never
+    answers; it is sent again past its three attempts, the saga stays RUNNING, and one
+    ALERT line names the step once its attempts are spent."""
+    app, url = clocked_app, settings.broker_url
+    app.sweeper._backlog = dict  # the copies pile up in orders.commands: no backlog check
+    handle = app.start_saga("order", "t-overdue", ORDER)
+    for queue in ("orders.commands", "inventory.commands", "payments.commands"):
+        (command,) = drain(url, queue)
+        run_command(app, command)
+        (reply,) = drain(url, "saga.replies")
+        run_reply(app, reply)
+    caplog.set_level("ERROR", logger="saga_tasks.orchestrator")
+    for _ in range(8):  # five re-sends, and the saga's own deadline passing on the way
+        if app.orchestrator.get(handle.saga_id).steps["confirm_order"].attempt == 6:
+            break
+        lapse(app, clock, handle.saga_id)
+        app.sweeper.sweep()
+    state = app.orchestrator.get(handle.saga_id)
+    assert state.status is SagaStatus.RUNNING, state.reason
+    assert state.steps["confirm_order"].attempt == 6
+    assert "deadline_passed_forward" in events(app, handle.saga_id)
+    alerts = [r for r in caplog.records if r.getMessage().startswith("ALERT step confirm_order")]
+    assert len(alerts) == 1 and alerts[0].saga_id == handle.saga_id
+    copies = drain(url, "orders.commands")
+    assert len(copies) == 6 and len({c["headers"]["saga_command_id"] for c in copies}) == 1
+    run_command(app, copies[-1])
+    pump(app, url)
+    assert app.orchestrator.get(handle.saga_id).status is SagaStatus.COMPLETED
