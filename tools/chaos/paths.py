@@ -69,9 +69,10 @@ def outcomes(engine: Any, kinds: Mapping[str, str], touched: Collection[str]) ->
             good_compensated += 1
         if r.status == "COMPLETED" and r.took is not None:
             took.append(float(r.took))
-    # Goodput: sagas ended per second while sagas were being offered (the overload), not
+    # Goodput: sagas ended per second while sagas were still being offered (the
+    # overload), from the first saga to end (the pipeline full) to the last start; not
     # over the tail that slow faults, outages and people stretch.
-    first = min((float(r.created) for r in rows), default=0.0)
+    first = min((float(r.finished) for r in ended), default=0.0)
     last = max((float(r.created) for r in rows), default=0.0)
     span = last - first
     in_window = sum(1 for r in ended if first <= float(r.finished) <= last)
@@ -81,7 +82,7 @@ def outcomes(engine: Any, kinds: Mapping[str, str], touched: Collection[str]) ->
         "good_orders_compensated": good_compensated,
         "resends_per_saga": round(int(resent) / max(len(rows), 1), 3),
         "completion_seconds": {"p50": _pct(took, 0.50), "p95": _pct(took, 0.95)},
-        "offered_seconds": round(span, 1),
+        "goodput_window_seconds": round(max(span, 0.0), 1),
         "ended_per_second": round(in_window / span, 2) if span > 0 else 0.0,
     }
 
