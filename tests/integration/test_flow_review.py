@@ -1,0 +1,79 @@
+"""Review of flow control: defects found in the change, each shown by a failing test.
+
+Every test runs the order saga with at most one inventory command out at once, so a
+second saga's reserve_stock (or fence, or compensation) waits in saga.saga_dispatch."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import pytest
+
+from saga_tasks.core.states import SagaStatus, StepStatus
+from saga_tasks.ops.operator import act
+from saga_tasks.runtime.holding import DEAD_LETTER
+from tests.helpers import (
+    ORDER,
+    build_order_app,
+    drain,
+    reject_one,
+    rows,
+    run_command,
+    run_reply,
+    scalar,
+    to_reserve,
+)
+
+INVENTORY = "inventory.commands"
+
+
+@pytest.fixture
+def one_out(settings, clock):
+    """At most one inventory command sent and unanswered; the backlog check off."""
+    app = build_order_app(dataclasses.replace(settings, max_in_flight="inventory=1"), clock=clock)
+    app.sweeper._backlog = dict
+    yield app
+    app.close()
+
+
+def waiting_rows(app, saga_id=None):
+    return rows(
+        app.engine,
+        "SELECT saga_id::text, step, task_name AS task, sent_at FROM saga.saga_dispatch "
+        "WHERE sent_at IS NULL AND (CAST(:s AS uuid) IS NULL OR saga_id = CAST(:s AS uuid))",
+        s=saga_id,
+    )
+
+
+def test_a_fence_waiting_for_capacity_spends_no_attempt(one_out, clock, settings):
+    """A fence (the compensation that fences the command of a step done by hand) that
+    still waits for capacity is chased like one sent and unanswered: every deadline it
+    is "re-sent" (fence_resent, compensation_attempt + 1) though it never left, and once
+    its attempts are spent the saga goes to MANUAL_REVIEW ("its effect may be doubled").
+    ``_Due.add`` only explains REQUESTED/COMPENSATING steps by flow control, not fences."""
+    app, url = one_out, settings.broker_url
+    # A sustained backlog: the reserve of saga A, sent and on its worker, is not chased.
+    app.sweeper._backlog = lambda: {INVENTORY: 1}
+    to_reserve(app, url, "ff-a")  # A's reserve holds the only place
+    assert len(drain(url, INVENTORY)) == 1
+    b = to_reserve(app, url, "ff-b")  # B's reserve waits for capacity
+    assert [r["step"] for r in waiting_rows(app, b.saga_id)] == ["reserve_stock"]
+    state = app.orchestrator.get(b.saga_id)
+    act(app, b.saga_id, "skip_step", step="reserve_stock", actor="ana",
+        reason="reserved by hand", expect_version=state.version)  # fmt: skip
+    assert [r["task"] for r in waiting_rows(app, b.saga_id)] == ["inventory.release"]
+    fence = app.orchestrator.get(b.saga_id).steps["reserve_stock"]
+    assert fence.fencing and fence.compensation_attempt == 1
+    clock.advance(31)  # past the fence's deadline; it still waits behind A's reserve
+    app.sweeper.sweep()
+    assert drain(url, INVENTORY) == [], "A still holds the only place"
+    fence = app.orchestrator.get(b.saga_id).steps["reserve_stock"]
+    resent = scalar(
+        app.engine,
+        "SELECT count(*) FROM saga.saga_history WHERE saga_id = :s AND event = 'fence_resent'",
+        s=b.saga_id,
+    )
+    assert (fence.compensation_attempt, resent) == (1, 0), (
+        "a fence that never left for the broker spent an attempt"
+    )
