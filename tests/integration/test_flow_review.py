@@ -77,3 +77,44 @@ def test_a_fence_waiting_for_capacity_spends_no_attempt(one_out, clock, settings
     assert (fence.compensation_attempt, resent) == (1, 0), (
         "a fence that never left for the broker spent an attempt"
     )
+
+
+def test_a_saga_in_review_gets_no_command_released_and_the_limit_holds(settings, clock):
+    """A saga handed to a person keeps its waiting rows ("a person may send it on"), but
+    ``release`` picks waiting rows whatever their saga's status: the command of a saga in
+    MANUAL_REVIEW goes out by itself, and since sent rows only count for active sagas, it
+    does not count, so the next waiting command goes out too: two unanswered commands
+    on a queue limited to one.
+
+    A's reserve is sent, times out and is sent again (the copy waits behind B's); the
+    first copy is dead-lettered and the step's policy puts A in MANUAL_REVIEW (replaying
+    the dead letter is to resume it). B answers: A's waiting copy is released."""
+    app = build_order_app(
+        dataclasses.replace(settings, max_in_flight="inventory=1"),
+        clock=clock,
+        on_dead_letter="manual_review",
+    )
+    app.sweeper._backlog = dict
+    url = settings.broker_url
+    try:
+        a = to_reserve(app, url, "fr-a")  # A's reserve: sent, left on the queue
+        b = to_reserve(app, url, "fr-b")  # B's reserve waits
+        clock.advance(31)
+        app.sweeper.sweep()  # A's is sent again (its copy waits); B's goes out
+        assert [r["saga_id"] for r in waiting_rows(app)] == [a.saga_id]
+        reject_one(url, INVENTORY)  # A's first copy is dead-lettered
+        app.intake.take(DEAD_LETTER)
+        assert app.orchestrator.get(a.saga_id).status is SagaStatus.MANUAL_REVIEW
+        (b_reserve,) = drain(url, INVENTORY)
+        assert b_reserve["headers"]["saga_id"] == b.saga_id
+        run_command(app, b_reserve)
+        (reply,) = drain(url, "saga.replies")
+        run_reply(app, reply)  # B's answer frees the place
+        c = to_reserve(app, url, "fr-c")
+        out = [m["headers"]["saga_id"] for m in drain(url, INVENTORY)]
+        assert app.orchestrator.get(a.saga_id).status is SagaStatus.MANUAL_REVIEW
+        assert len(out) <= 1, f"limit 1, yet {len(out)} sent and unanswered: {out}"
+        assert a.saga_id not in out, "a command of a saga in review went out on its own"
+        assert out == [c.saga_id]
+    finally:
+        app.close()
