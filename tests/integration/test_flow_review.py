@@ -118,3 +118,25 @@ def test_a_saga_in_review_gets_no_command_released_and_the_limit_holds(settings,
         assert out == [c.saga_id]
     finally:
         app.close()
+
+
+def test_a_resend_does_not_let_another_command_past_the_limit(one_out, clock, settings):
+    """``max_in_flight`` is "commands sent and not yet answered", yet a re-send frees the
+    slot of the copy still out (``FlowControl.stage``: a step in ``resent`` is "answered")
+    and puts the new copy at the back of the waiting line: the next saga's command goes
+    out while the first copy is still on its worker. Under overload (a slow participant,
+    so timeouts) every re-send lets one more command in: the participant ends up with
+    the limit plus one per re-send, which is what flow control is there to prevent, and
+    each re-sent copy reaches it later as duplicate work."""
+    app, url = one_out, settings.broker_url
+    a = to_reserve(app, url, "fs-a")
+    (a_first,) = drain(url, INVENTORY)  # on its worker, slow: no answer yet
+    b = to_reserve(app, url, "fs-b")  # waits
+    clock.advance(31)
+    app.sweeper.sweep()  # A's reserve had no answer in time: sent again
+    assert app.orchestrator.get(a.saga_id).steps["reserve_stock"].attempt == 2
+    out = [m["headers"]["saga_id"] for m in drain(url, INVENTORY)]
+    assert b.saga_id not in out, (
+        "B's reserve went out while A's first copy is still unanswered: 2 out, limit 1"
+    )
+    assert a_first["headers"]["saga_id"] == a.saga_id
