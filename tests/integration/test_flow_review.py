@@ -140,3 +140,31 @@ def test_a_resend_does_not_let_another_command_past_the_limit(one_out, clock, se
         "B's reserve went out while A's first copy is still unanswered: 2 out, limit 1"
     )
     assert a_first["headers"]["saga_id"] == a.saga_id
+
+
+def test_a_compensating_saga_sends_no_forward_command_that_was_still_waiting(
+    one_out, clock, settings
+):
+    """Once a saga compensates, "nothing more is sent forward, but what is in flight may
+    still answer" (``_await_once_more``). A forward command still waiting for capacity
+    was never sent, yet ``begin_compensation`` leaves its step REQUESTED and its row
+    waiting: when room frees, ``release`` sends it, the participant does the work (stock
+    reserved for an order being cancelled), and only its answer lets the compensation go
+    on. Under overload this feeds forward work to the very participant that is behind."""
+    app, url = one_out, settings.broker_url
+    a = to_reserve(app, url, "fc-a")
+    (a_reserve,) = drain(url, INVENTORY)  # A's reserve holds the only place
+    b = to_reserve(app, url, "fc-b")  # B's reserve waits
+    state = app.orchestrator.get(b.saga_id)
+    act(app, b.saga_id, "compensate", actor="ana", reason="customer cancelled",
+        expect_version=state.version)  # fmt: skip
+    assert app.orchestrator.get(b.saga_id).status is SagaStatus.COMPENSATING
+    run_command(app, a_reserve)
+    (reply,) = drain(url, "saga.replies")
+    run_reply(app, reply)  # A's answer frees the place
+    sent = [
+        m["headers"]["task"] for m in drain(url, INVENTORY) if m["headers"]["saga_id"] == b.saga_id
+    ]
+    assert "inventory.reserve" not in sent, (
+        "B's forward command, never sent before B began compensating, was sent after"
+    )
