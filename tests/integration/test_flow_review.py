@@ -152,7 +152,7 @@ def test_a_compensating_saga_sends_no_forward_command_that_was_still_waiting(
     reserved for an order being cancelled), and only its answer lets the compensation go
     on. Under overload this feeds forward work to the very participant that is behind."""
     app, url = one_out, settings.broker_url
-    a = to_reserve(app, url, "fc-a")
+    to_reserve(app, url, "fc-a")
     (a_reserve,) = drain(url, INVENTORY)  # A's reserve holds the only place
     b = to_reserve(app, url, "fc-b")  # B's reserve waits
     state = app.orchestrator.get(b.saga_id)
@@ -168,3 +168,30 @@ def test_a_compensating_saga_sends_no_forward_command_that_was_still_waiting(
     assert "inventory.reserve" not in sent, (
         "B's forward command, never sent before B began compensating, was sent after"
     )
+
+
+def test_a_queue_whose_limit_is_lifted_still_sends_what_waited(settings, clock):
+    """Commands waiting when a queue's limit is lifted (a redeploy with
+    SAGA_MAX_IN_FLIGHT=inventory=1 -> orders=5: every queue not named has no limit) are
+    never released: ``release`` only looks at queues with a limit, yet the sweeper still
+    reads the rows (flow control is on for orders) and calls each deadline
+    "dispatch_waiting" forever. The saga is stuck with nothing sent."""
+    url = settings.broker_url
+    first = build_order_app(dataclasses.replace(settings, max_in_flight="inventory=1"), clock=clock)
+    try:
+        to_reserve(first, url, "fl-a")
+        b = to_reserve(first, url, "fl-b")  # waits behind A's reserve
+        assert len(drain(url, INVENTORY)) == 1
+    finally:
+        first.close()
+    app = build_order_app(dataclasses.replace(settings, max_in_flight="orders=5"), clock=clock)
+    app.sweeper._backlog = dict
+    try:
+        sent = []
+        for _ in range(4):  # four step timeouts
+            clock.advance(31)
+            app.sweeper.sweep()
+            sent += [m for m in drain(url, INVENTORY) if m["headers"]["saga_id"] == b.saga_id]
+        assert sent, "B's reserve was never sent: it waits for a limit that no longer exists"
+    finally:
+        app.close()
