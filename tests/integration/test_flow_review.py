@@ -195,3 +195,32 @@ def test_a_queue_whose_limit_is_lifted_still_sends_what_waited(settings, clock):
         assert sent, "B's reserve was never sent: it waits for a limit that no longer exists"
     finally:
         app.close()
+
+
+def test_a_release_with_an_earlier_clock_does_not_hand_out_time_twice(settings, clock):
+    """The rate bucket stores ``at = :now`` whatever it held. ``FlowControl.release``
+    reads the clock before it waits for the queue's lock, so under contention (or with
+    two processes' clocks a little apart) a release can come in with a ``now`` earlier
+    than the bucket's ``at``: it gets no tokens (``greatest(now - at, 0)``) but moves
+    ``at`` back, and the next release is credited that time a second time. Here a
+    bucket of one command per second sends three commands in 1.5 s."""
+    from saga_tasks.persistence import dispatch
+
+    app = build_order_app(dataclasses.replace(settings, rate_limit="orders=1"), clock=clock)
+    url = settings.broker_url
+    try:
+        for i in range(4):
+            app.start_saga("order", f"fk-{i}", ORDER)
+        assert len(drain(url, "orders.commands")) == 1  # t0: the bucket's one token
+        limits = {"orders.commands": dispatch.QueueLimit(rate_limit=1.0)}
+        t0 = clock.now()
+
+        def release_at(seconds):
+            with app.engine.begin() as conn:
+                return len(dispatch.release(conn, limits, t0 + timedelta(seconds=seconds)))
+
+        assert release_at(1.0) == 1  # one more second, one more command
+        assert release_at(0.5) == 0  # read its clock earlier, got the lock later
+        assert release_at(1.5) == 0, "half a second after the last, a token was handed out"
+    finally:
+        app.close()
