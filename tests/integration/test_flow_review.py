@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from saga_tasks.core.states import SagaStatus, StepStatus
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.ops.operator import act
 from saga_tasks.runtime.holding import DEAD_LETTER
 from tests.helpers import (
