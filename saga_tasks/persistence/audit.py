@@ -111,14 +111,18 @@ def unpublished(conn: Connection, schema: str) -> int:
 
 def requested_without_outbox_row(conn: Connection) -> list[tuple[str, str, str, str]]:
     """(saga id, step, command or compensation, id) the state says was sent, with no row
-    in the orchestrator's outbox."""
+    in the orchestrator's outbox, nor in flow control's (still waiting for capacity, or
+    withdrawn before it was sent)."""
     rows = conn.execute(
         text(
             """SELECT st.saga_id::text, st.step, c.which, c.id::text FROM saga.saga_step st
                CROSS JOIN LATERAL (VALUES ('command', st.command_id),
                                           ('compensation', st.compensation_id)) AS c(which, id)
                WHERE c.id IS NOT NULL AND NOT EXISTS (
-                   SELECT 1 FROM saga.outbox o WHERE o.headers->>'saga_command_id' = c.id::text)"""
+                   SELECT 1 FROM saga.outbox o WHERE o.headers->>'saga_command_id' = c.id::text)
+               AND NOT EXISTS (
+                   SELECT 1 FROM saga.saga_dispatch d
+                   WHERE d.headers->>'saga_command_id' = c.id::text)"""
         )
     )
     return [(r[0], r[1], r[2], r[3]) for r in rows]

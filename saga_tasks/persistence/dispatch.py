@@ -76,9 +76,9 @@ def rows(messages: Sequence[OutboundMessage]) -> str:
     )
 
 
-def freed_rows(freed: Iterable[tuple[str, str]]) -> str:
-    """(saga id, step) pairs whose commands stop counting, as the parameter of ``free_sql``."""
-    return recordset.encode([{"saga_id": s, "step": step} for s, step in freed])
+def pairs(found: Iterable[tuple[str, str]]) -> str:
+    """(saga id, step) pairs as the parameter of ``free_sql``."""
+    return recordset.encode([{"saga_id": s, "step": step} for s, step in found])
 
 
 @cache
@@ -89,12 +89,21 @@ def insert_sql(
     return recordset.insert_from(saga_dispatch, COLUMNS, param, also_from=also_from, where=where)
 
 
-def free_sql(param: str = "freed", where: str = "true") -> str:
-    """SQL deleting every command row of the (saga, step) pairs of ``:param``. In the
-    statement that inserts a step's next command, it does not see that new row."""
-    return f"""DELETE FROM saga.saga_dispatch d
-        USING jsonb_to_recordset(CAST(:{param} AS jsonb)) AS f(saga_id uuid, step text)
-        WHERE d.saga_id = f.saga_id AND d.step = f.step AND {where}"""  # noqa: S608
+def free_sql(where: str = "true") -> tuple[str, str]:
+    """Two statements' SQL (for CTEs) over the (saga, step) pairs of ``:freed`` (steps
+    that answered, or whose saga ended) and ``:superseded`` (steps sent again): the
+    first deletes the freed steps' sent rows (their room is free); the second marks
+    both kinds' waiting rows withdrawn (never sent, no longer wanted). In the statement
+    that inserts a step's next command, neither sees that new row."""
+    match = "d.saga_id = f.saga_id AND d.step = f.step"
+    pairs_of = "jsonb_to_recordset(CAST(:{} AS jsonb)) AS f(saga_id uuid, step text)"
+    delete = f"""DELETE FROM saga.saga_dispatch d USING {pairs_of.format("freed")}
+        WHERE {match} AND d.sent_at IS NOT NULL AND {where}"""  # noqa: S608
+    withdraw = f"""UPDATE saga.saga_dispatch d SET withdrawn_at = :now
+        FROM (SELECT * FROM {pairs_of.format("freed")}
+              UNION SELECT * FROM {pairs_of.format("superseded")}) f
+        WHERE {match} AND d.sent_at IS NULL AND d.withdrawn_at IS NULL AND {where}"""  # noqa: S608
+    return delete, withdraw
 
 
 _LOCK = text(
@@ -126,9 +135,10 @@ def _release_sql() -> Prepared:
         picked AS (
           SELECT w.message_id, w.queue FROM room r CROSS JOIN LATERAL (
             SELECT d.message_id, d.queue FROM saga.saga_dispatch d
-            WHERE d.queue = r.queue AND d.sent_at IS NULL
+            JOIN saga.saga_instance s ON s.saga_id = d.saga_id AND s.status IN {ACTIVE}
+            WHERE d.queue = r.queue AND d.sent_at IS NULL AND d.withdrawn_at IS NULL
             ORDER BY d.created_at LIMIT r.n
-            FOR UPDATE SKIP LOCKED) w),
+            FOR UPDATE OF d SKIP LOCKED) w),
         sent AS (
           UPDATE saga.saga_dispatch d SET sent_at = :now FROM picked p
           WHERE d.message_id = p.message_id
@@ -138,7 +148,8 @@ def _release_sql() -> Prepared:
           SELECT bk.queue, bk.tokens - (SELECT count(*) FROM picked p WHERE p.queue = bk.queue),
                  :now
           FROM bucket bk WHERE bk.tokens IS NOT NULL
-          ON CONFLICT (queue) DO UPDATE SET tokens = excluded.tokens, at = excluded.at
+          ON CONFLICT (queue) DO UPDATE
+            SET tokens = excluded.tokens, at = greatest(saga.dispatch_rate.at, excluded.at)
           RETURNING 1)
         INSERT INTO {recordset.qualified(saga_outbox)} ({out_cols})
         SELECT {out_cols} FROM sent
@@ -161,9 +172,11 @@ def release(
     most: int = MOST_PER_RELEASE,
 ) -> list[OutboundMessage]:
     """Move the oldest waiting commands of ``limits``' queues to the outbox, as room
-    allows; the messages to publish once ``conn``'s transaction commits. ``now`` (the
-    app's clock) stamps their dispatch, from which their steps' deadlines run."""
-    queues = sorted(q for q, limit in limits.items() if limit.active)
+    allows (a queue whose limit is not active: all of them), for sagas that are running
+    or compensating (one in review waits for its person); the messages to publish once
+    ``conn``'s transaction commits. ``now`` (the app's clock) stamps their dispatch,
+    from which their steps' deadlines run; a bucket's clock never moves back."""
+    queues = sorted(limits)
     if not queues:
         return []
     conn.execute(_LOCK, {"queues": queues})
@@ -192,7 +205,8 @@ def dispatch_times(
     for row in conn.execute(
         text(
             "SELECT DISTINCT ON (saga_id, step) saga_id, step, sent_at FROM saga.saga_dispatch "
-            "WHERE saga_id = ANY(CAST(:ids AS uuid[])) ORDER BY saga_id, step, created_at DESC"
+            "WHERE saga_id = ANY(CAST(:ids AS uuid[])) AND withdrawn_at IS NULL "
+            "ORDER BY saga_id, step, created_at DESC"
         ),
         {"ids": list(saga_ids)},
     ):
@@ -222,6 +236,7 @@ def counts(conn: Connection) -> dict[str, QueueFlow]:
                       FILTER (WHERE d.sent_at IS NULL)), 0) AS oldest
                 FROM saga.saga_dispatch d
                 LEFT JOIN saga.saga_instance s ON s.saga_id = d.saga_id
+                WHERE d.withdrawn_at IS NULL
                 GROUP BY d.queue"""  # noqa: S608 - a constant of ours
         )
     ):
@@ -229,6 +244,23 @@ def counts(conn: Connection) -> dict[str, QueueFlow]:
     return found
 
 
-def params(held: Sequence[OutboundMessage], freed: Iterable[tuple[str, str]]) -> dict[str, Any]:
-    """The ``dispatch`` and ``freed`` parameters of a statement that holds and frees."""
-    return {"dispatch": rows(held), "freed": freed_rows(freed)}
+def waiting_queues(conn: Connection) -> list[str]:
+    """Queues with commands waiting for capacity."""
+    return [
+        row[0]
+        for row in conn.execute(
+            text(
+                "SELECT DISTINCT queue FROM saga.saga_dispatch "
+                "WHERE sent_at IS NULL AND withdrawn_at IS NULL"
+            )
+        )
+    ]
+
+
+def params(
+    held: Sequence[OutboundMessage],
+    freed: Iterable[tuple[str, str]],
+    superseded: Iterable[tuple[str, str]],
+) -> dict[str, Any]:
+    """The parameters of a statement that holds commands and frees their steps' rows."""
+    return {"dispatch": rows(held), "freed": pairs(freed), "superseded": pairs(superseded)}

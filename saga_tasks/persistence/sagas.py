@@ -395,17 +395,18 @@ def _write_changes_sql() -> Prepared:
     history = recordset.insert_from(saga_history, HISTORY_COLUMNS, "history", where=saved_all)
     commands = outbox.insert_sql(saga_outbox, "outbox", where=saved_all)
     held = dispatch.insert_sql("dispatch", where=saved_all)
-    freed = dispatch.free_sql("freed", where=saved_all)
+    freed, withdrawn = dispatch.free_sql(where=saved_all)
     sql = f"""WITH saved AS ({cas}),
             steps AS ({steps} ON CONFLICT ON CONSTRAINT pk_saga_step DO UPDATE SET {updated}
                       RETURNING 1),
             history AS ({history} RETURNING 1),
             commands AS ({commands} RETURNING 1),
             held AS ({held} RETURNING 1),
-            freed AS ({freed} RETURNING 1)
+            freed AS ({freed} RETURNING 1),
+            withdrawn AS ({withdrawn} RETURNING 1)
             SELECT count(*) FROM saved"""  # noqa: S608 - identifiers are ours; values bound
     json_params = dict.fromkeys(
-        ("sagas", "steps", "history", "outbox", "dispatch", "freed"), "jsonb"
+        ("sagas", "steps", "history", "outbox", "dispatch", "freed", "superseded"), "jsonb"
     )
     return Prepared(
         "saga_write_changes",
@@ -428,7 +429,11 @@ class Changes:
     held: list[OutboundMessage] = field(default_factory=list)
     """Commands to queues under flow control: they wait for capacity, not in the outbox."""
     freed: list[tuple[str, str]] = field(default_factory=list)
-    """(saga id, step) whose earlier commands stop counting against their queue's limit."""
+    """(saga id, step) that answered, or whose saga ended: their commands stop counting
+    against their queue's limit, and those never sent are withdrawn."""
+    superseded: list[tuple[str, str]] = field(default_factory=list)
+    """(saga id, step) sent again: a copy still waiting is withdrawn; one sent keeps its
+    room until the step answers."""
 
     def save(
         self,
@@ -488,7 +493,7 @@ def write_changes(conn: Connection, changes: Changes, now: datetime) -> None:
             "steps": recordset.encode(changes.steps),
             "history": recordset.encode(changes.history),
             "outbox": outbox.rows(changes.messages),
-            **dispatch.params(changes.held, changes.freed),
+            **dispatch.params(changes.held, changes.freed, changes.superseded),
         },
     ).scalar_one()
     if saved != len(changes.sagas):

@@ -309,11 +309,12 @@ saga_dispatch = Table(
     Column("body", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("sent_at", DateTime(timezone=True)),
+    Column("withdrawn_at", DateTime(timezone=True)),
     Index(
         "ix_dispatch_waiting",
         "queue",
         "created_at",
-        postgresql_where=text("sent_at IS NULL"),
+        postgresql_where=text("sent_at IS NULL AND withdrawn_at IS NULL"),
     ),
     Index("ix_dispatch_sent", "queue", postgresql_where=text("sent_at IS NOT NULL")),
     Index("ix_dispatch_saga", "saga_id", "step"),
@@ -321,7 +322,9 @@ saga_dispatch = Table(
 )
 """Commands to a queue with a flow limit, from the decision that sent them until their
 step answers. ``sent_at`` NULL: waiting for capacity (the message is here, not in the
-outbox); set: moved to the outbox and counted in flight."""
+outbox); set: moved to the outbox and counted in flight. ``withdrawn_at``: never sent,
+and no longer wanted (its step answered, or its saga ended, first); kept as the record of
+a command the saga decided on that never reached the broker."""
 
 dispatch_rate = Table(
     "dispatch_rate",

@@ -21,7 +21,7 @@ from saga_tasks.core.clock import Clock, SystemClock
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.messages import H_STEP, OutboundMessage
 from saga_tasks.core.model import SagaState
-from saga_tasks.core.states import ACTIVE_SAGA, TERMINAL_SAGA
+from saga_tasks.core.states import TERMINAL_SAGA
 from saga_tasks.observability import metrics
 from saga_tasks.persistence import dispatch
 from saga_tasks.persistence.dispatch import QueueLimit
@@ -98,30 +98,39 @@ class FlowControl:
         changes.held += held
         touched = {m.queue for m in held}
         resent = {m.headers[H_STEP] for m in messages}
-        # A saga that stops waiting (review, or an end) frees its room; an ended one
-        # also drops its rows. One in review keeps them: a person may send it on.
-        leaves = new.status != old.status and new.status not in ACTIVE_SAGA
-        ends = leaves and new.status in TERMINAL_SAGA
+        # A saga that stops waiting (review, or an end) frees its room, and one taken out
+        # of review takes it again; an ended one also withdraws what never left. One in
+        # review keeps its rows: a person may send it on.
+        moved = new.status != old.status
+        ends = moved and new.status in TERMINAL_SAGA
         for name, before in old.steps.items():
             after = new.steps.get(name)
-            answered = before.in_flight and (after is None or not after.in_flight or name in resent)
+            answered = before.in_flight and (after is None or not after.in_flight)
             if answered or ends:
                 changes.freed.append((old.saga_id, name))
+            elif before.in_flight and name in resent:
+                changes.superseded.append((old.saga_id, name))
             queue = _queue(definition, name)
-            if (answered or leaves) and queue in self.limits:
+            if queue in self.limits and (
+                answered or (moved and (before.in_flight or (after and after.in_flight)))
+            ):
                 touched.add(queue)
         return touched
 
     def release(
         self, conn: Connection, queues: Iterable[str] | None = None
     ) -> list[OutboundMessage]:
-        """Release what fits in ``queues`` (all of them by default), in ``conn``'s
-        transaction; the messages to publish after its commit."""
-        chosen = (
-            self.limits
-            if queues is None
-            else {q: self.limits[q] for q in queues if q in self.limits}
-        )
+        """Release what fits in ``queues`` (by default every queue that has a limit or
+        holds waiting commands), in ``conn``'s transaction; the messages to publish after
+        its commit."""
+        if queues is None:
+            # Every queue with a limit, and any other holding waiting commands (its limit
+            # lifted by a redeploy): those go out at once.
+            chosen = dict(self.limits)
+            for queue in dispatch.waiting_queues(conn):
+                chosen.setdefault(queue, QueueLimit())
+        else:
+            chosen = {q: self.limits[q] for q in queues if q in self.limits}
         if not chosen:
             return []
         released = dispatch.release(conn, chosen, self.clock.now())

@@ -94,11 +94,7 @@ class Sweeper:
                 due = sagas.claim_due(conn, now, batch)
                 if due and backlog is None:
                     backlog = self._read_backlog()
-                sent = (
-                    dispatch.dispatch_times(conn, [s.saga_id for s in due])
-                    if due and self.flow.enabled
-                    else {}
-                )
+                sent = dispatch.dispatch_times(conn, [s.saga_id for s in due])
                 done = self._decide_due(due, now, report, backlog or {}, sent)
                 messages = self._write_swept(conn, done, now)
                 messages += self.flow.release(conn)

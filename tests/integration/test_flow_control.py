@@ -52,7 +52,8 @@ def to_reserve_all(app, url, keys):
 def waiting(app, queue):
     return scalar(
         app.engine,
-        "SELECT count(*) FROM saga.saga_dispatch WHERE queue = :q AND sent_at IS NULL",
+        "SELECT count(*) FROM saga.saga_dispatch WHERE queue = :q AND sent_at IS NULL "
+        "AND withdrawn_at IS NULL",
         q=queue,
     )
 

@@ -32,6 +32,7 @@ def upgrade() -> None:
             "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
         sa.Column("sent_at", sa.DateTime(timezone=True)),
+        sa.Column("withdrawn_at", sa.DateTime(timezone=True)),
         schema="saga",
     )
     op.create_index(
@@ -39,7 +40,7 @@ def upgrade() -> None:
         "saga_dispatch",
         ["queue", "created_at"],
         schema="saga",
-        postgresql_where=sa.text("sent_at IS NULL"),
+        postgresql_where=sa.text("sent_at IS NULL AND withdrawn_at IS NULL"),
     )
     op.create_index(
         "ix_dispatch_sent",

@@ -110,8 +110,11 @@ def attempt_wait(s: Step, what: Send, attempt: int, cid: str) -> timedelta:
     return policy.wait(s.timeout, attempt, cid)
 
 
-def current_wait(s: Step, st: StepState) -> timedelta:
-    """How long the step's latest command, forward or compensation, waits for its answer."""
+def current_wait(saga: SagaState, s: Step, st: StepState) -> timedelta:
+    """How long the step's latest command (forward, compensation or fence) waits for its
+    answer: what ``send`` gave it."""
+    if st.fencing:
+        return attempt_wait(s, Send.FENCE, st.compensation_attempt, fence_id(saga, s.name, st))
     if st.status is StepStatus.COMPENSATING:
         return attempt_wait(s, Send.COMPENSATION, st.compensation_attempt, st.compensation_id or "")
     return attempt_wait(s, Send.FORWARD, st.attempt, st.command_id or "")

@@ -35,7 +35,7 @@ from saga_tasks.core.decider.commands import Send, current_wait, send
 from saga_tasks.core.decider.progress import begin_compensation, compensate_ready
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import LateReplyPolicy, Step
-from saga_tasks.core.model import StepState
+from saga_tasks.core.model import SagaState, StepState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
 
 BACKLOG_PATIENCE = 10
@@ -119,10 +119,10 @@ class _Due:
     def why(self) -> str:
         return "the saga's deadline passed" if self.saga_expired else "no answer after its attempts"
 
-    def add(self, s: Step, st: StepState, now: datetime) -> None:
+    def add(self, saga: SagaState, s: Step, st: StepState, now: datetime) -> None:
         step_due = st.deadline is not None and st.deadline <= now
-        awaited = st.status in (StepStatus.REQUESTED, StepStatus.COMPENSATING)
-        if step_due and awaited and not self.saga_expired and self._explained(s, st, now):
+        awaited = st.status in (StepStatus.REQUESTED, StepStatus.COMPENSATING) or st.fencing
+        if step_due and awaited and not self.saga_expired and self._explained(saga, s, st, now):
             return
         if st.status is StepStatus.REQUESTED and (step_due or self.saga_expired):
             attempts_left = st.attempt < s.retry.max_attempts
@@ -138,7 +138,7 @@ class _Due:
         elif st.fencing and step_due:
             self.fences.append(s)
 
-    def _explained(self, s: Step, st: StepState, now: datetime) -> bool:
+    def _explained(self, saga: SagaState, s: Step, st: StepState, now: datetime) -> bool:
         """A silence flow control or a backlog explains: the step waits on (True)."""
         sent_at = st.requested_at or now
         if s.name in self.dispatch:
@@ -146,7 +146,7 @@ class _Due:
             if dispatched is None:
                 self.for_capacity.append(s)
                 return True
-            until = dispatched + current_wait(s, st)
+            until = dispatched + current_wait(saga, s, st)
             if until > now:
                 self.from_dispatch.append((s, until))
                 return True
@@ -164,7 +164,7 @@ def _find_due(
     expired = running and tx.deadline is not None and tx.deadline <= tx.now
     due = _Due(running, expired, backlog, dispatch)
     for s in tx.definition.steps:
-        due.add(s, tx.steps[s.name], tx.now)
+        due.add(tx.before, s, tx.steps[s.name], tx.now)
     return due
 
 
