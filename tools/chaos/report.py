@@ -115,6 +115,10 @@ def report_text(report: dict[str, Any]) -> str:
             f"  load: offered {load['offered_per_second']}/s = {load['overload']} x the "
             f"warm-up's {load['capacity_per_second']}/s; goodput {load['goodput_ratio']} of it"
         )
+        say(
+            f"  admission: at most {load['max_active']} active; "
+            f"{load['starts_refused']} starts refused and tried again"
+        )
     for line in report["harness_errors"]:
         say(f"HARNESS ERROR {line}")
     if report["violations"]:

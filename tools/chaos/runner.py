@@ -335,6 +335,12 @@ def _run(
             saga_app, f"{keys}warm-", args.warmup, lambda r: payload_for("none", None, r)
         )
         say(f"warm-up: {capacity:.1f} sagas/s")
+        if args.admit_seconds > 0:
+            # Admission control as a deployment under overload would run it: at most
+            # about admit_seconds of work active; a refused start is tried again later.
+            admitted = max(1, round(capacity * args.admit_seconds))
+            saga_app.admission.max_active["order"] = admitted
+            say(f"admission control: at most {admitted} order sagas active")
         interval = 1.0 / (args.overload * capacity)
     load_seconds = args.sagas * interval
     plan = plan_outages(
@@ -359,6 +365,7 @@ def _run(
     started_at = time.monotonic()
     rng = random.Random(args.seed)  # noqa: S311 - a reproducible run, not a secret
     kinds: dict[str, str] = {}
+    refusals = 0
     outages = OutageRunner(
         ServiceControl(broker_url, database_url, broker_mode=args.broker_restart_mode),
         plan,
@@ -405,7 +412,7 @@ def _run(
             kind, faults, _ = rng.choices(FAULTS, weights)[0]
             injected.faults[kind] += 1
             kinds[f"{keys}{i:05d}"] = kind
-            _start_with_retry(
+            refusals += _start_with_retry(
                 saga_app, f"{keys}{i:05d}", payload_for(kind, faults, rng, args.time_scale)
             )
             time.sleep(interval)
@@ -453,12 +460,16 @@ def _run(
     harness_errors = outages.errors()
     elapsed = time.monotonic() - started_at
     paths = outcomes(probe, kinds, {d.saga_id for d in operator.done})
-    load: dict[str, Any] = {"offered_per_second": round(1 / interval, 2)}
+    load: dict[str, Any] = {
+        "offered_per_second": round(1 / interval, 2),
+        "starts_refused": refusals,
+    }
     if capacity:
         load |= {
             "overload": args.overload,
             "warmup_sagas": args.warmup,
             "capacity_per_second": round(capacity, 2),
+            "max_active": saga_app.admission.max_active.get("order", 0),
             "goodput_ratio": round(paths["ended_per_second"] / capacity, 2),
         }
     report = {
@@ -539,15 +550,21 @@ def _active_ids(engine: Any) -> set[str]:
         }
 
 
-def _start_with_retry(app: Any, key: str, payload: dict[str, Any]) -> None:
-    """Start a saga; while the database is away, try again (a start is idempotent)."""
-    from saga_tasks.errors import ServiceUnavailable
+def _start_with_retry(app: Any, key: str, payload: dict[str, Any]) -> int:
+    """Start a saga; while the database is away, try again (a start is idempotent), and
+    when admission control refuses it, after the ``Retry-After`` it gives, as a client
+    would. How many times it was refused."""
+    from saga_tasks.errors import SagaOverloaded, ServiceUnavailable
 
     give_up = time.monotonic() + 120
+    refused = 0
     while True:
         try:
             app.start_saga("order", key, payload)
-            return
+            return refused
+        except SagaOverloaded as exc:
+            refused += 1
+            time.sleep(exc.retry_after)
         except ServiceUnavailable:
             if time.monotonic() > give_up:
                 raise
@@ -630,6 +647,13 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--warmup", type=int, default=150, help="plain orders the --overload warm-up runs"
+    )
+    parser.add_argument(
+        "--admit-seconds",
+        type=float,
+        default=30.0,
+        help="with --overload: admission control lets about this many seconds of the "
+        "warm-up's capacity be active (0: off)",
     )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument(
