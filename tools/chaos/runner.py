@@ -407,9 +407,10 @@ def _run(
             killing.start()
         if args.operator_every > 0:
             operator.start()
-        weights = [w for _, _, w in FAULTS]
+        mix = FAULTS[:1] if args.no_faults else FAULTS  # "none" only: plain orders
+        weights = [w for _, _, w in mix]
         for i in range(args.sagas):
-            kind, faults, _ = rng.choices(FAULTS, weights)[0]
+            kind, faults, _ = rng.choices(mix, weights)[0]
             injected.faults[kind] += 1
             kinds[f"{keys}{i:05d}"] = kind
             refusals += _start_with_retry(
@@ -647,6 +648,11 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--warmup", type=int, default=150, help="plain orders the --overload warm-up runs"
+    )
+    parser.add_argument(
+        "--no-faults",
+        action="store_true",
+        help="plain orders only (with --kill-every 0 and no restarts: overload alone)",
     )
     parser.add_argument(
         "--admit-seconds",
