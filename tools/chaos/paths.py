@@ -76,6 +76,7 @@ def outcomes(engine: Any, kinds: Mapping[str, str], touched: Collection[str]) ->
     last = max((float(r.created) for r in rows), default=0.0)
     span = last - first
     in_window = sum(1 for r in ended if first <= float(r.finished) <= last)
+    offered_for = last - min((float(r.created) for r in rows), default=0.0)
     return {
         "by_path": {k: dict(v) for k, v in sorted(by_path.items())},
         "manual_review_by_load": by_load,
@@ -83,6 +84,7 @@ def outcomes(engine: Any, kinds: Mapping[str, str], touched: Collection[str]) ->
         "resends_per_saga": round(int(resent) / max(len(rows), 1), 3),
         "completion_seconds": {"p50": _pct(took, 0.50), "p95": _pct(took, 0.95)},
         "goodput_window_seconds": round(max(span, 0.0), 1),
+        "started_per_second": round(len(rows) / offered_for, 2) if offered_for > 0 else 0.0,
         "ended_per_second": round(in_window / span, 2) if span > 0 else 0.0,
     }
 
