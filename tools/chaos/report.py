@@ -9,6 +9,11 @@ from sqlalchemy import text
 
 OBSERVED_EVENTS = (
     "step_resent",
+    "resend_deferred",
+    "dispatch_waiting",
+    "deadline_from_dispatch",
+    "step_overdue",
+    "compensation_overdue",
     "step_given_up",
     "compensation_resent",
     "late_reply",

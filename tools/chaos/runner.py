@@ -366,6 +366,7 @@ def _run(
     rng = random.Random(args.seed)  # noqa: S311 - a reproducible run, not a secret
     kinds: dict[str, str] = {}
     refusals = 0
+    capacities: tuple[float, ...] = ()
     outages = OutageRunner(
         ServiceControl(broker_url, database_url, broker_mode=args.broker_restart_mode),
         plan,
@@ -443,6 +444,14 @@ def _run(
                 interval=0.5,
             )
         queues_left = _drain(broker_url, saga_app)
+        if capacity:
+            # The machine's speed drifts within minutes: measure again, and compare
+            # the goodput with the mean of before and after.
+            after = measure(
+                saga_app, f"{keys}cool-", args.warmup, lambda r: payload_for("none", None, r)
+            )
+            say(f"cool-down: {after:.1f} sagas/s (warm-up {capacity:.1f})")
+            capacities = (capacity, after)
     finally:
         stop_killing.set()
         operator.stop()
@@ -466,12 +475,14 @@ def _run(
         "starts_refused": refusals,
     }
     if capacity:
+        mean = sum(capacities or (capacity,)) / len(capacities or (capacity,))
         load |= {
             "overload": args.overload,
             "warmup_sagas": args.warmup,
-            "capacity_per_second": round(capacity, 2),
+            "capacity_per_second": round(mean, 2),
+            "capacity_before_after": [round(c, 2) for c in capacities or (capacity,)],
             "max_active": saga_app.admission.max_active.get("order", 0),
-            "goodput_ratio": round(paths["ended_per_second"] / capacity, 2),
+            "goodput_ratio": round(paths["ended_per_second"] / mean, 2),
         }
     report = {
         "sagas": args.sagas,
