@@ -49,6 +49,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,14 +411,23 @@ def _run(
             operator.start()
         mix = FAULTS[:1] if args.no_faults else FAULTS  # "none" only: plain orders
         weights = [w for _, _, w in mix]
-        for i in range(args.sagas):
-            kind, faults, _ = rng.choices(mix, weights)[0]
-            injected.faults[kind] += 1
-            kinds[f"{keys}{i:05d}"] = kind
-            refusals += _start_with_retry(
-                saga_app, f"{keys}{i:05d}", payload_for(kind, faults, rng, args.time_scale)
-            )
-            time.sleep(interval)
+        # Starts on a schedule, by several threads (as an application's many requests):
+        # one thread alone could not offer more than one start's latency allows.
+        with ThreadPoolExecutor(args.starters, thread_name_prefix="starter") as starters:
+            pending = []
+            offered_from = time.monotonic()
+            for i in range(args.sagas):
+                kind, faults, _ = rng.choices(mix, weights)[0]
+                injected.faults[kind] += 1
+                kinds[f"{keys}{i:05d}"] = kind
+                payload = payload_for(kind, faults, rng, args.time_scale)
+                pending.append(
+                    starters.submit(_start_with_retry, saga_app, f"{keys}{i:05d}", payload)
+                )
+                delay = offered_from + (i + 1) * interval - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            refusals = sum(f.result() for f in pending)
         say(f"all {args.sagas} started; waiting for them to end")
 
         def waiting() -> int:
@@ -659,6 +669,9 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--warmup", type=int, default=150, help="plain orders the --overload warm-up runs"
+    )
+    parser.add_argument(
+        "--starters", type=int, default=4, help="threads starting sagas on the schedule"
     )
     parser.add_argument(
         "--no-faults",
