@@ -244,6 +244,21 @@ def counts(conn: Connection) -> dict[str, QueueFlow]:
     return found
 
 
+def out(conn: Connection, found: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of the (saga id, step) pairs have a command sent and not yet answered."""
+    if not found:
+        return set()
+    rows = conn.execute(
+        text(
+            "SELECT DISTINCT d.saga_id::text, d.step FROM saga.saga_dispatch d "
+            "JOIN jsonb_to_recordset(CAST(:pairs AS jsonb)) AS f(saga_id uuid, step text) "
+            "ON d.saga_id = f.saga_id AND d.step = f.step WHERE d.sent_at IS NOT NULL"
+        ),
+        {"pairs": pairs(found)},
+    )
+    return {(r[0], r[1]) for r in rows}
+
+
 def waiting_queues(conn: Connection) -> list[str]:
     """Queues with commands waiting for capacity."""
     return [

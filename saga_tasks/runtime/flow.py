@@ -82,7 +82,9 @@ class FlowControl:
 
     def stage(
         self,
+        conn: Connection,
         changes: Changes,
+        *,
         definition: SagaDefinition | None,
         old: SagaState,
         new: SagaState,
@@ -90,12 +92,27 @@ class FlowControl:
     ) -> set[str]:
         """Add one decision's commands to ``changes`` (the outbox, or waiting), and the
         steps whose earlier commands stop counting; the queues where room may have
-        changed."""
+        changed. A command sent again while a copy is out takes that copy's room and
+        goes at once: a step holds one place, and a lost copy cannot hold it while its
+        re-send waits for it forever."""
         now, held = self.split(messages)
         changes.messages += now
         if not self.limits:
             return set()
-        changes.held += held
+        steps_out = dispatch.out(
+            conn,
+            [
+                (old.saga_id, m.headers[H_STEP])
+                for m in held
+                if old.steps[m.headers[H_STEP]].in_flight
+            ],
+        )
+        for m in held:
+            if (old.saga_id, m.headers[H_STEP]) in steps_out:
+                changes.messages.append(m)
+            else:
+                changes.held.append(m)
+        held = [m for m in held if (old.saga_id, m.headers[H_STEP]) not in steps_out]
         touched = {m.queue for m in held}
         resent = {m.headers[H_STEP] for m in messages}
         # A saga that stops waiting (review, or an end) frees its room, and one taken out

@@ -436,7 +436,9 @@ class Orchestrator:
             command_message(self.topology, decision.state, c, causation_id=causation_id)
             for c in decision.commands
         ]
-        touched = self.flow.stage(changes, definition, state, decision.state, messages)
+        touched = self.flow.stage(
+            conn, changes, definition=definition, old=state, new=decision.state, messages=messages
+        )
         sagas.write_changes(conn, changes, now)
         return changes.messages + self.flow.release(conn, touched)
 

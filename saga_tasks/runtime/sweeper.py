@@ -187,6 +187,13 @@ class Sweeper:
                 command_message(self.topology, decision.state, c, causation_id=None)
                 for c in decision.commands
             ]
-            self.flow.stage(changes, definition, state, decision.state, messages)
+            self.flow.stage(
+                conn,
+                changes,
+                definition=definition,
+                old=state,
+                new=decision.state,
+                messages=messages,
+            )
         sagas.write_changes(conn, changes, now)
         return changes.messages

@@ -284,8 +284,12 @@ def test_a_command_waiting_for_capacity_spends_no_attempt_and_its_deadline_runs_
     st = d.state.steps["s0"]
     assert not waited.commands and st.attempt == 1 and st.status is StepStatus.REQUESTED
     assert [h.event for h in waited.history] == ["dispatch_waiting"]
-    assert st.deadline == d.now + timedelta(seconds=30)
-    sent_at = d.now + timedelta(seconds=20)
+    # Deferred as long again as it has waited (30.5 s so far, more than the timeout).
+    assert st.deadline == d.now + (d.now - st.requested_at)
+    again = d.lapse(dispatch={"s0": None})
+    assert [h.event for h in again.history] == ["dispatch_waiting"]
+    assert d.state.steps["s0"].deadline - d.now > timedelta(seconds=60), "the looks thin out"
+    sent_at = d.state.next_wake_at() - timedelta(seconds=10)  # sent 10 s before the look
     moved = d.lapse(dispatch={"s0": sent_at})
     assert not moved.commands and [h.event for h in moved.history] == ["deadline_from_dispatch"]
     assert d.state.steps["s0"].deadline == sent_at + timedelta(seconds=30)

@@ -4,7 +4,8 @@ Silence is first explained where it can be, and then nothing is sent and no atte
 spent (being slow under load is no reason to give up, and a copy would only double the
 work of a backed-up queue):
 - a command still waiting for capacity at its queue (flow control) has not been sent:
-  its deadline moves on by the step's timeout (``dispatch_waiting``);
+  its deadline moves on by as long as it has waited, at least the step's timeout
+  (``dispatch_waiting``);
 - a command sent later than it was decided waits from when it was sent: each attempt's
   deadline runs from dispatch (``deadline_from_dispatch``);
 - a command whose queue holds a backlog is likely still queued behind it: its deadline
@@ -198,9 +199,13 @@ def _explain_silence(tx: Transition, due: _Due) -> None:
     is sent and no attempt is spent."""
     for s in due.for_capacity:
         st = tx.steps[s.name]
+        # As long again as it has waited (at least a timeout): a long wait is looked at
+        # a few times, not once a timeout. Once sent, the next look moves the deadline
+        # to dispatch plus the attempt's wait (``deadline_from_dispatch``).
+        waited = tx.now - (st.requested_at or tx.now)
         tx.set_step(
             s.name,
-            st.evolve(deadline=tx.now + s.timeout),
+            st.evolve(deadline=tx.now + max(s.timeout, waited)),
             "dispatch_waiting",
             reason=(
                 f"its command still waits for capacity at {s.queue} (flow control); "
