@@ -33,7 +33,7 @@ from saga_tasks.messaging.admin import queue_depths
 from saga_tasks.messaging.celery_config import celery_app
 from saga_tasks.messaging.dispatcher import Dispatcher
 from saga_tasks.messaging.publisher import Publisher, task_message_encoder
-from saga_tasks.messaging.topology import Topology, participant_of
+from saga_tasks.messaging.topology import REPLY_QUEUE, Topology, participant_of
 from saga_tasks.messaging.users import broker_user
 from saga_tasks.observability.alerts import AlertScan, alerters_for
 from saga_tasks.observability.tracing import Tracing
@@ -112,6 +112,16 @@ class SagaApp:
         self._lock = threading.Lock()
         self._wire()
 
+    def _backlog(self) -> dict[str, int]:
+        """Messages a step's answer may be waiting behind, per command queue: those in the
+        queue itself, and the replies waiting for the orchestrator (an answer given and
+        not yet read is silence too)."""
+        depths = queue_depths(
+            self.settings.broker_url, [*self.topology.command_queues, REPLY_QUEUE]
+        )
+        replies = depths.pop(REPLY_QUEUE, 0)
+        return {queue: n + replies for queue, n in depths.items()}
+
     def _wire(self) -> None:
         settings, clock = self.settings, self.clock
 
@@ -160,7 +170,7 @@ class SagaApp:
             topology=self.topology,
             outlet=outlet,
             clock=clock,
-            backlog=lambda: queue_depths(settings.broker_url, self.topology.command_queues),
+            backlog=self._backlog,
             flow=self.flow,
         )
         self.runtimes = {

@@ -223,7 +223,7 @@ def test_a_step_queued_behind_a_backlog_waits_on_instead_of_being_sent_again():
     assert not waited.commands and st.status is StepStatus.REQUESTED and st.attempt == 1
     assert st.deadline == d.now + timedelta(seconds=30)
     assert [h.event for h in waited.history] == ["resend_deferred"]
-    assert "p.commands holds 120 messages waiting" in waited.history[0].reason
+    assert "120 messages wait in p.commands or for the orchestrator" in waited.history[0].reason
     resent = d.tick(31, backlog={"p.commands": 0, "other.commands": 9})
     assert [c.attempt for c in resent.commands] == [2]
     assert d.state.steps["s0"].attempt == 2

@@ -230,8 +230,9 @@ def _explain_silence(tx: Transition, due: _Due) -> None:
             st.evolve(deadline=tx.now + s.timeout),
             "resend_deferred",
             reason=(
-                f"no answer yet, and {s.queue} holds {due.backlog[s.queue]} messages waiting: "
-                "the command is likely queued behind them; not sent again"
+                f"no answer yet, and {due.backlog[s.queue]} messages wait in {s.queue} or for "
+                "the orchestrator: the command or its answer is likely queued behind them; "
+                "not sent again"
             ),
         )
 
