@@ -273,28 +273,32 @@ def _send_again(tx: Transition, due: _Due) -> None:
     for s in due.forward:
         st = tx.steps[s.name]
         send(tx, s, st, Send.FORWARD, reason=f"attempt {st.attempt} had no answer in time")
-        if st.attempt == s.retry.max_attempts:
-            tx.note(
-                "step_overdue",
-                step=s.name,
-                reason=(
-                    f"no answer after {st.attempt} attempts; the step cannot be undone, so it "
-                    "is sent again until it answers: look at its participant"
-                ),
-            )
+        _alert_once_spent(tx, s, "step_overdue", (st.attempt, s.retry.max_attempts),
+                          "the step cannot be undone, so it is")  # fmt: skip
     for s in due.resend_compensation:
         st = tx.steps[s.name]
         reason = f"attempt {st.compensation_attempt} had no answer in time"
         send(tx, s, st, Send.COMPENSATION, reason=reason)
-        if st.compensation_attempt == s.compensation_retry.max_attempts:
-            tx.note(
-                "compensation_overdue",
-                step=s.name,
-                reason=(
-                    f"no answer after {st.compensation_attempt} attempts; a compensation is "
-                    "sent again until it answers: look at its participant"
-                ),
-            )
+        _alert_once_spent(tx, s, "compensation_overdue",
+                          (st.compensation_attempt, s.compensation_retry.max_attempts),
+                          "a compensation is")  # fmt: skip
+
+
+def _alert_once_spent(
+    tx: Transition, s: Step, event: str, sent_of: tuple[int, int], what: str
+) -> None:
+    """The one alert of forward recovery: when the attempts sent (of the policy's) are
+    all spent."""
+    attempts, policy = sent_of
+    if attempts == policy:
+        tx.note(
+            event,
+            step=s.name,
+            reason=(
+                f"no answer after {attempts} attempts; {what} sent again until it answers: "
+                "look at its participant"
+            ),
+        )
 
 
 def _give_up_spent(tx: Transition, due: _Due) -> None:
