@@ -1,8 +1,8 @@
 """``saga-tasks``: start, inspect and list sagas; migrate the schema; declare the topology.
 
 Exit codes: 0 success, 1 configuration problem, 2 bad input (malformed JSON, unknown
-saga type or id, invalid payload), 3 a backing service cannot be reached. Errors are
-one line on stderr, never a stack trace.
+saga type or id, invalid payload), 3 a backing service cannot be reached, 4 a start
+refused by admission control. Errors are one line on stderr, never a stack trace.
 
 Other distributions add commands through the entry-point group ``saga_tasks.commands``,
 each entry a ``click.Command``. A command is imported only when it is run or listed by
@@ -14,10 +14,23 @@ from __future__ import annotations
 import click
 
 from saga_tasks.ops.cli import deploy, held, operators, sagas
-from saga_tasks.ops.cli.base import EXIT_CONFIG, EXIT_INPUT, EXIT_UNAVAILABLE, Context
+from saga_tasks.ops.cli.base import (
+    EXIT_CONFIG,
+    EXIT_INPUT,
+    EXIT_OVERLOADED,
+    EXIT_UNAVAILABLE,
+    Context,
+)
 from saga_tasks.ops.cli.plugins import COMMANDS_GROUP, Commands
 
-__all__ = ["COMMANDS_GROUP", "EXIT_CONFIG", "EXIT_INPUT", "EXIT_UNAVAILABLE", "main"]
+__all__ = [
+    "COMMANDS_GROUP",
+    "EXIT_CONFIG",
+    "EXIT_INPUT",
+    "EXIT_OVERLOADED",
+    "EXIT_UNAVAILABLE",
+    "main",
+]
 
 
 @click.group(cls=Commands)
