@@ -162,3 +162,39 @@ def invalid(obj: Context, limit: int, as_json: bool) -> None:
             )
 
     emit(view, as_json, render)
+
+
+@click.command()
+@click.argument("saga_type")
+@click.option("--version", "version", type=int, help="A version still loaded (default: newest).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def describe(obj: Context, saga_type: str, version: int | None, as_json: bool) -> None:
+    """Describe a saga type: steps, dependencies, compensations, queues, timeouts,
+    policies, and a Mermaid diagram."""
+    from saga_tasks.ops.describe import describe as described
+
+    app = obj.app()
+    with errors():
+        definition = (
+            app.registry.latest(saga_type)
+            if version is None
+            else app.registry.get(saga_type, version)
+        )
+    emit(described(definition), as_json, render_definition)
+
+
+def render_definition(d: dict[str, Any]) -> None:
+    click.echo(f"saga {d['saga_type']} v{d['version']}   timeout {d['timeout_seconds']:g} s")
+    for s in d["steps"]:
+        after = ", ".join(s["depends_on"]) or "-"
+        undo = s["compensation"] or "cannot be undone"
+        retry = s["retry"]
+        click.echo(
+            f"  {s['name']:<20} {s['action']:<24} undo {undo:<24} queue {s['queue']:<22} "
+            f"after {after:<20} timeout {s['timeout_seconds']:g} s  "
+            f"attempts {retry['max_attempts']} (x{retry['backoff']:g}, "
+            f"up to {retry['max_interval_seconds']:g} s)  late {s['late_reply']}  "
+            f"dead letter {s['on_dead_letter']}"
+        )
+    click.echo("\n" + d["mermaid"])
