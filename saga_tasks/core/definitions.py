@@ -24,6 +24,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from saga_tasks.core.conditions import PAYLOAD, Condition
 from saga_tasks.errors import (
     CrossParticipantCompensation,
     DefinitionError,
@@ -36,10 +37,13 @@ from saga_tasks.errors import (
 
 __all__ = [
     "DeadLetterPolicy",
+    "HumanTask",
+    "HumanTimeoutPolicy",
     "LateReplyPolicy",
     "RetryPolicy",
     "SagaDefinition",
     "Step",
+    "human_step",
     "saga",
     "step",
 ]
@@ -63,6 +67,42 @@ class DeadLetterPolicy(StrEnum):
     """Give the step up (its compensation leaves a tombstone or undoes it) and compensate."""
     MANUAL_REVIEW = "manual_review"
     """The saga waits for a person."""
+
+
+class HumanTimeoutPolicy(StrEnum):
+    """What a human step's deadline passing with no decision does."""
+
+    COMPENSATE = "compensate"
+    """The step fails (``no_signal``) and the saga compensates what it did."""
+    MANUAL_REVIEW = "manual_review"
+    """The step is given up and the saga waits for an operator (retry re-opens the wait)."""
+
+
+@dataclass(frozen=True)
+class HumanTask:
+    """What makes a step wait for a person's signal instead of a participant's reply."""
+
+    schema: Callable[[Any], Mapping[str, Any]] | None = None
+    """Validates the signal's data (a pydantic model's ``model_validate`` or a callable);
+    None takes any JSON object."""
+    schema_name: str | None = None
+    """The schema's name, for ``describe``."""
+    escalate_after: timedelta | None = None
+    """When, after the wait began, an alert says the decision is still missing."""
+    on_timeout: HumanTimeoutPolicy = HumanTimeoutPolicy.COMPENSATE
+
+    def validate(self, data: Any) -> dict[str, Any]:
+        """The signal's data as stored, or ``InvalidPayload`` naming each problem."""
+        if self.schema is None:
+            if not isinstance(data, Mapping):
+                raise InvalidPayload("signal data must be a JSON object")
+            return dict(data)
+        try:
+            return dict(self.schema(data))
+        except InvalidPayload:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise InvalidPayload(f"signal data: {_describe_validation(exc)}") from exc
 
 
 @dataclass(frozen=True)
@@ -152,6 +192,14 @@ class Step:
     named_queues: tuple[str, ...] = field(default=(), repr=False, compare=False)
     """Every queue the step's arguments named (``queue=``, the action's, the
     compensation's): more than one means two participants, which is refused."""
+    when: Condition | None = None
+    """The step runs only when this holds (evaluated once its parents are settled);
+    otherwise it is ``SKIPPED``: never sent, never awaited, never compensated."""
+    pivot: bool = False
+    """The point of no return: once it succeeded the saga only goes forward; later
+    steps are retried, never compensated."""
+    human: HumanTask | None = None
+    """Set for a step that waits for a person's signal; it has no action nor queue."""
 
     @property
     def compensable(self) -> bool:
@@ -170,6 +218,8 @@ def step(
     late_reply: LateReplyPolicy | str = LateReplyPolicy.COMPENSATE,
     on_dead_letter: DeadLetterPolicy | str = DeadLetterPolicy.COMPENSATE,
     depends_on: Iterable[str] | None = None,
+    when: Condition | None = None,
+    pivot: bool = False,
 ) -> Step:
     """Build a step; ``action`` is a task name or a participant handler (which knows its queue)."""
     action_name, action_queue = _target(action)
@@ -187,7 +237,56 @@ def step(
         on_dead_letter=DeadLetterPolicy(on_dead_letter),
         depends_on=_PREVIOUS if depends_on is None else tuple(depends_on),
         named_queues=tuple(sorted({q for q in (queue, action_queue, comp_queue) if q})),
+        when=_condition(when),
+        pivot=pivot,
     )
+
+
+def human_step(
+    name: str,
+    *,
+    schema: Any = None,
+    timeout: float | timedelta = 86400.0,
+    escalate_after: float | timedelta | None = None,
+    on_timeout: HumanTimeoutPolicy | str = HumanTimeoutPolicy.COMPENSATE,
+    depends_on: Iterable[str] | None = None,
+    when: Condition | None = None,
+    pivot: bool = False,
+) -> Step:
+    """Build a step a person answers (``saga-tasks signal``, ``POST .../signal``): its
+    data, validated by ``schema``, becomes the step's result; ``timeout`` is the deadline
+    of the decision, ``escalate_after`` when an alert says it is still missing."""
+    wait = _seconds(timeout)
+    escalate = None if escalate_after is None else _seconds(escalate_after)
+    return Step(
+        name=name,
+        action="",
+        queue="",
+        timeout=wait,
+        retry=RetryPolicy(max_attempts=1),
+        depends_on=_PREVIOUS if depends_on is None else tuple(depends_on),
+        when=_condition(when),
+        pivot=pivot,
+        human=HumanTask(
+            schema=_validator(schema),
+            schema_name=getattr(schema, "__name__", None) if schema is not None else None,
+            escalate_after=escalate,
+            on_timeout=HumanTimeoutPolicy(on_timeout),
+        ),
+    )
+
+
+def _seconds(value: float | timedelta) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def _condition(value: Any) -> Condition | None:
+    if value is not None and not isinstance(value, Condition):
+        raise TypeError(
+            "when= takes a condition (equals, one_of, exists, ... from saga_tasks), "
+            f"not {type(value).__name__}: conditions are data, so replays and versions agree"
+        )
+    return value
 
 
 def _target(target: str | CommandTarget) -> tuple[str, str | None]:
@@ -238,10 +337,28 @@ class SagaDefinition:
         object.__setattr__(self, "by_name", by_name)
         object.__setattr__(self, "parents", {s.name: s.depends_on for s in resolved})
         object.__setattr__(self, "children", {k: tuple(v) for k, v in children.items()})
+        _check_conditions(self)
+        _check_pivot(self)
 
     @property
     def queues(self) -> frozenset[str]:
-        return frozenset(s.queue for s in self.steps)
+        return frozenset(s.queue for s in self.steps if s.human is None)
+
+    @property
+    def pivot(self) -> str | None:
+        """The step after whose success the saga only goes forward, if any."""
+        return next((s.name for s in self.steps if s.pivot), None)
+
+    def ancestors(self, name: str) -> frozenset[str]:
+        """Every step ``name`` depends on, directly or through others."""
+        seen: set[str] = set()
+        todo = list(self.parents[name])
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo.extend(self.parents[current])
+        return frozenset(seen)
 
     def step(self, name: str) -> Step:
         return self.by_name[name]
@@ -331,7 +448,7 @@ def _resolve_dependencies(saga_type: str, steps: tuple[Step, ...]) -> tuple[Step
         if s.name in names:
             raise DuplicateStep(saga_type, f"step {s.name!r} is defined twice")
         names.add(s.name)
-        if not s.queue:
+        if s.human is None and not s.queue:
             raise MissingQueue(saga_type, f"step {s.name!r} has no queue")
         if len(s.named_queues) > 1:
             raise CrossParticipantCompensation(
@@ -339,7 +456,7 @@ def _resolve_dependencies(saga_type: str, steps: tuple[Step, ...]) -> tuple[Step
                 f"step {s.name!r} names more than one queue ({', '.join(s.named_queues)}): its "
                 "action and its compensation must be handled by one participant, on its queue",
             )
-        if not s.action:
+        if s.human is None and not s.action:
             raise DefinitionError(saga_type, f"step {s.name!r} has no action task")
         if s.timeout <= timedelta(0):
             raise DefinitionError(saga_type, f"step {s.name!r} needs a positive timeout")
@@ -357,6 +474,57 @@ def _resolve_dependencies(saga_type: str, steps: tuple[Step, ...]) -> tuple[Step
                     saga_type, f"step {s.name!r} depends on unknown step {parent!r}"
                 )
     return tuple(resolved)
+
+
+def _check_conditions(d: SagaDefinition) -> None:
+    """A condition reads the payload or steps that are settled before its own: its
+    ancestors. Anything else would read a result that may not exist yet."""
+    for s in d.steps:
+        if s.when is None:
+            continue
+        ancestors = d.ancestors(s.name)
+        for path in sorted(s.when.paths()):
+            head = path.split(".")[0]
+            if head == PAYLOAD and PAYLOAD in d.by_name:
+                raise DefinitionError(
+                    d.saga_type,
+                    f"step {s.name!r}: condition path {path!r} is ambiguous, a step is named "
+                    f"{PAYLOAD!r}; rename that step",
+                )
+            if head != PAYLOAD and head not in ancestors:
+                raise DefinitionError(
+                    d.saga_type,
+                    f"step {s.name!r}: condition reads {path!r}, but {head!r} is not a step "
+                    "it depends on (directly or through others); only the payload and "
+                    "settled steps can be read",
+                )
+
+
+def _check_pivot(d: SagaDefinition) -> None:
+    """One pivot at most, and every other step strictly before or after it: a step
+    running beside the pivot could fail after it succeeded, with nothing safe to do."""
+    pivots = [s.name for s in d.steps if s.pivot]
+    if not pivots:
+        return
+    if len(pivots) > 1:
+        raise DefinitionError(d.saga_type, f"one pivot at most; marked: {', '.join(pivots)}")
+    pivot = pivots[0]
+    before, after = d.ancestors(pivot), d.descendants(pivot)
+    beside = [s.name for s in d.steps if s.name != pivot and s.name not in before | after]
+    if beside:
+        raise DefinitionError(
+            d.saga_type,
+            f"step {beside[0]!r} neither precedes nor follows the pivot {pivot!r}: make it "
+            "depend on the pivot, or the pivot on it",
+        )
+    for name in sorted(after):
+        s = d.by_name[name]
+        if s.human is not None and s.human.on_timeout is HumanTimeoutPolicy.COMPENSATE:
+            raise DefinitionError(
+                d.saga_type,
+                f"human step {name!r} follows the pivot {pivot!r}: nothing is compensated "
+                "after it, so its timeout policy must be manual_review",
+            )
 
 
 def _replace_depends(s: Step, depends: tuple[str, ...]) -> Step:

@@ -81,4 +81,14 @@ class OperatorAction:
     """For ``replay``: the command (or compensation) id the held message carries."""
 
 
-Event = Started | ReplyReceived | DeadlinePassed | DeadLettered | OperatorAction
+@dataclass(frozen=True)
+class SignalReceived:
+    """A person decided a human step; ``data`` was validated against the step's schema."""
+
+    step: str
+    data: Mapping[str, Any]
+    actor: str
+    reason: str
+
+
+Event = Started | ReplyReceived | DeadlinePassed | DeadLettered | OperatorAction | SignalReceived

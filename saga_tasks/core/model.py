@@ -53,6 +53,13 @@ LATE_SUCCESS = "late_success"
 """``StepState.error`` of a given-up step whose command answered success after all."""
 LATE_FAILURE = "late_failure"
 """``StepState.error`` of a given-up step whose command answered failure after all."""
+NOT_TAKEN = "not_taken"
+"""``StepStatus.SKIPPED`` step's error when its condition did not hold (or none of the
+steps it depends on was taken), as opposed to one skipped because the saga failed first."""
+NO_SIGNAL = "no_signal"
+"""``StepState.error`` of a human step whose deadline passed with no decision."""
+ESCALATED = "escalated"
+"""``StepState.error`` of a human step still waiting after its escalation alert."""
 FENCING = "fencing"
 """``StepState.error`` of a step done by hand while its command was in flight: the
 compensation that fences that command (undoes it, or leaves a tombstone) is awaited."""
@@ -93,6 +100,21 @@ class StepState:
     def in_flight(self) -> bool:
         """A message is out for this step and its answer is awaited."""
         return self.status in IN_FLIGHT or self.fencing
+
+    @property
+    def not_taken(self) -> bool:
+        """Skipped because its condition did not hold: the branch was not taken."""
+        return self.status is StepStatus.SKIPPED and self.error == NOT_TAKEN
+
+    @property
+    def awaits_retry(self) -> bool:
+        """Failed after the saga's pivot: sent again as a new command at its deadline."""
+        return self.status is StepStatus.FAILED and self.deadline is not None
+
+    @property
+    def pending(self) -> bool:
+        """Something will still move this step: an answer, or a retry at its deadline."""
+        return self.in_flight or self.awaits_retry
 
 
 @dataclass(frozen=True)
@@ -160,7 +182,7 @@ class SagaState:
         """
         if self.status not in ACTIVE_SAGA:
             return None
-        times = [st.deadline for st in self.steps.values() if st.in_flight and st.deadline]
+        times = [st.deadline for st in self.steps.values() if st.pending and st.deadline]
         if self.status is SagaStatus.RUNNING and self.deadline is not None:
             times.append(self.deadline)
         return min(times) if times else None

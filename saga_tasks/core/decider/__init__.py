@@ -33,6 +33,13 @@ Dead letters (``DeadLettered``, from the intake): a step's command in the dead-l
 queue gives the step up by its ``on_dead_letter`` policy (compensate, or manual
 review); a dead compensation or a dead reply needs a person.
 
+Branches, pivot, people: a step whose condition (``when=``) does not hold is not taken
+(``SKIPPED``), nor is one none of whose parents was taken. Once the pivot succeeded the
+saga only goes forward: a later step's failure sends it again as a new command (by its
+retry policy, then a person), silence sends it again, and nothing is compensated. A
+human step sends nothing: it waits for a person's signal (``SignalReceived``), with an
+escalation alert and a deadline whose policy fails the step or calls a reviewer.
+
 Operators (``OperatorAction``): retry a step or its compensation, skip a step (done
 or undone by hand), compensate, or resolve a saga in MANUAL_REVIEW to a final status.
 An action the saga's state does not allow raises ``ActionRefused`` with the reason;
@@ -57,6 +64,7 @@ from saga_tasks.core.decider.decision import CommandIntent, Decision, HistoryEnt
 from saga_tasks.core.decider.operator import on_operator
 from saga_tasks.core.decider.replay import replay_awaits
 from saga_tasks.core.decider.replies import on_reply
+from saga_tasks.core.decider.signals import on_signal
 from saga_tasks.core.decider.start import on_started
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import SagaDefinition
@@ -66,6 +74,7 @@ from saga_tasks.core.events import (
     Event,
     OperatorAction,
     ReplyReceived,
+    SignalReceived,
     Started,
 )
 from saga_tasks.core.model import SagaState
@@ -92,6 +101,8 @@ def decide(definition: SagaDefinition, state: SagaState, event: Event, now: date
         on_dead_letter(tx, event)
     elif isinstance(event, OperatorAction):
         on_operator(tx, event)
+    elif isinstance(event, SignalReceived):
+        on_signal(tx, event)
     else:  # pragma: no cover - the Event union is closed
         raise TypeError(f"unknown event {event!r}")
     return tx.decision()

@@ -48,6 +48,9 @@ def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None 
     """Send (again) one of the step's commands: the step awaits its answer until a new
     deadline, and a re-send keeps the command id under a new message id."""
     saga = tx.before
+    if s.human is not None:
+        _await_signal(tx, s, st, reason)
+        return
     saga_id = saga.saga_id
     compensates: str | None = None
     supersedes: tuple[str, ...] = ()
@@ -101,6 +104,31 @@ def send(tx: Transition, s: Step, st: StepState, what: Send, reason: str | None 
             compensates=compensates,
             supersedes=supersedes,
         )
+    )
+
+
+def _await_signal(tx: Transition, s: Step, st: StepState, reason: str | None) -> None:
+    """A human step sends nothing: it waits for a person's signal until its deadline,
+    with a first wake-up at its escalation."""
+    assert s.human is not None
+    final = tx.now + s.timeout
+    escalate = s.human.escalate_after
+    wake = tx.now + escalate if escalate is not None and escalate < s.timeout else final
+    tx.set_step(
+        s.name,
+        st.evolve(
+            status=StepStatus.REQUESTED,
+            attempt=st.attempt + 1,
+            requested_at=tx.now,
+            deadline=wake,
+            error=None,
+            given_up=False,
+        ),
+        "signal_awaited",
+        reason=reason,
+        detail={"decide_by": final.isoformat(), "escalate_at": wake.isoformat()}
+        if wake != final
+        else {"decide_by": final.isoformat()},
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from saga_tasks.core.decider.commands import Send, fence_id, send
 from saga_tasks.core.decider.deadlines import give_up
-from saga_tasks.core.decider.progress import begin_compensation, compensate_ready
+from saga_tasks.core.decider.progress import begin_compensation, compensate_ready, forward_only
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import DeadLetterPolicy, Step
 from saga_tasks.core.events import DeadLettered
@@ -73,8 +73,9 @@ def _dead_command(tx: Transition, e: DeadLettered, step: Step, st: StepState, re
         tx.manual_review(f"step {step.name!r}: {reason}")
         return
     give_up(tx, step, "its command was dead-lettered")
-    if not step.compensable:
-        tx.manual_review(f"step {step.name!r}: {reason}; it cannot be undone")
+    if forward_only(tx, step):
+        why = "it follows the pivot" if step.compensable else "it cannot be undone"
+        tx.manual_review(f"step {step.name!r}: {reason}; {why}")
         return
     send(tx, step, tx.steps[step.name], Send.COMPENSATION)
     if tx.status is SagaStatus.RUNNING:

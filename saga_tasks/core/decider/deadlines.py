@@ -33,10 +33,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from saga_tasks.core.decider.commands import Send, current_wait, send
-from saga_tasks.core.decider.progress import begin_compensation, compensate_ready
+from saga_tasks.core.decider.progress import (
+    advance,
+    after_pivot,
+    begin_compensation,
+    compensate_ready,
+    forward_only,
+    pivot_passed,
+)
 from saga_tasks.core.decider.transitions import Transition
-from saga_tasks.core.definitions import LateReplyPolicy, Step
-from saga_tasks.core.model import SagaState, StepState
+from saga_tasks.core.definitions import HumanTimeoutPolicy, LateReplyPolicy, Step
+from saga_tasks.core.messages import MAX_GENERATIONS
+from saga_tasks.core.model import ESCALATED, NO_SIGNAL, SagaState, StepState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
 
 BACKLOG_PATIENCE = 10
@@ -57,6 +65,10 @@ def on_deadline(
     if tx.status not in ACTIVE_SAGA:
         return
     _go_forward_past_deadline(tx)
+    _retry_failed(tx)
+    _human_deadlines(tx)
+    if tx.status not in ACTIVE_SAGA:
+        return
     due = _find_due(tx, backlog or {}, dispatch or {})
     _explain_silence(tx, due)
     if not _chase_fences(tx, due.fences) or not due.anything:
@@ -88,6 +100,8 @@ class _Due:
 
     running: bool
     saga_expired: bool
+    forward_only: frozenset[str] = frozenset()
+    """Steps never given up: they cannot be undone, or follow the pivot that succeeded."""
     backlog: Mapping[str, int] = field(default_factory=dict)
     dispatch: Mapping[str, datetime | None] = field(default_factory=dict)
     for_capacity: list[Step] = field(default_factory=list)
@@ -121,13 +135,15 @@ class _Due:
         return "the saga's deadline passed" if self.saga_expired else "no answer after its attempts"
 
     def add(self, saga: SagaState, s: Step, st: StepState, now: datetime) -> None:
+        if s.human is not None:
+            return  # no command: ``_human_deadlines``, and compensation withdraws the wait
         step_due = st.deadline is not None and st.deadline <= now
         awaited = st.status in (StepStatus.REQUESTED, StepStatus.COMPENSATING) or st.fencing
         if step_due and awaited and not self.saga_expired and self._explained(saga, s, st, now):
             return
         if st.status is StepStatus.REQUESTED and (step_due or self.saga_expired):
             attempts_left = st.attempt < s.retry.max_attempts
-            if not s.compensable:
+            if s.name in self.forward_only:
                 if step_due:
                     self.forward.append(s)
             elif step_due and self.running and not self.saga_expired and attempts_left:
@@ -163,7 +179,8 @@ def _find_due(
 ) -> _Due:
     running = tx.status is SagaStatus.RUNNING
     expired = running and tx.deadline is not None and tx.deadline <= tx.now
-    due = _Due(running, expired, backlog, dispatch)
+    forward = frozenset(s.name for s in tx.definition.steps if forward_only(tx, s))
+    due = _Due(running, expired, forward, backlog, dispatch)
     for s in tx.definition.steps:
         due.add(tx.before, s, tx.steps[s.name], tx.now)
     return due
@@ -174,24 +191,97 @@ def _go_forward_past_deadline(tx: Transition) -> None:
     outcome decides, so the saga goes on without a deadline rather than compensating."""
     if tx.status is not SagaStatus.RUNNING or tx.deadline is None or tx.deadline > tx.now:
         return
-    pivots = [
-        s.name
-        for s in tx.definition.steps
-        if not s.compensable and tx.steps[s.name].status is StepStatus.REQUESTED
-    ]
-    if not pivots:
-        return
+    pivot = tx.definition.pivot
+    if pivot is not None and pivot_passed(tx):
+        step, reason = (
+            pivot,
+            (
+                f"the saga's deadline passed after its pivot {pivot!r} succeeded: nothing is "
+                "undone after the pivot, so the saga goes on forward without a deadline"
+            ),
+        )
+    else:
+        pivots = [
+            s.name
+            for s in tx.definition.steps
+            if not s.compensable
+            and s.human is None
+            and tx.steps[s.name].status is StepStatus.REQUESTED
+        ]
+        if not pivots:
+            return
+        step, reason = (
+            pivots[0],
+            (
+                f"the saga's deadline passed while step {pivots[0]!r}, which cannot be undone, "
+                "was in flight: undoing the rest could contradict it, so the saga goes on "
+                "forward without a deadline, and the step is sent again until it answers"
+            ),
+        )
     tx.changed = True
     tx.deadline = None
-    tx.note(
-        "deadline_passed_forward",
-        step=pivots[0],
-        reason=(
-            f"the saga's deadline passed while step {pivots[0]!r}, which cannot be undone, "
-            "was in flight: undoing the rest could contradict it, so the saga goes on "
-            "forward without a deadline, and the step is sent again until it answers"
-        ),
-    )
+    tx.note("deadline_passed_forward", step=step, reason=reason)
+
+
+def _retry_failed(tx: Transition) -> None:
+    """A step that failed after the pivot is sent again, as a new command, once its
+    wait is over."""
+    if tx.status is not SagaStatus.RUNNING:
+        return
+    for s in tx.definition.steps:
+        st = tx.steps[s.name]
+        if not st.awaits_retry or st.deadline is None or st.deadline > tx.now:
+            continue
+        again = st.evolve(
+            generation=min(st.generation + 1, MAX_GENERATIONS),
+            command_id=None,
+            compensation_id=None,
+            compensation_attempt=0,
+            error=None,
+            deadline=None,
+            result=None,
+        )
+        send(tx, s, again, Send.FORWARD, reason=f"failed after the pivot ({st.error})")
+
+
+def _human_deadlines(tx: Transition) -> None:
+    """A decision still missing at the escalation raises the alert; at the deadline the
+    step's policy decides: it fails (and the saga compensates), or a person reviews."""
+    for s in tx.definition.steps:
+        st = tx.steps[s.name]
+        if s.human is None or st.status is not StepStatus.REQUESTED:
+            continue
+        if st.deadline is None or st.deadline > tx.now:
+            continue
+        final = (st.requested_at or tx.now) + s.timeout
+        if st.error != ESCALATED and tx.now < final:
+            tx.set_step(
+                s.name,
+                st.evolve(error=ESCALATED, deadline=final),
+                "signal_escalated",
+                reason=f"no decision yet; due by {final.isoformat()}",
+            )
+            continue
+        why = f"no decision by its deadline ({final.isoformat()})"
+        if s.human.on_timeout is HumanTimeoutPolicy.COMPENSATE and not after_pivot(tx, s):
+            tx.set_step(
+                s.name,
+                st.evolve(status=StepStatus.FAILED, error=NO_SIGNAL, deadline=None),
+                "step_failed",
+                reason=why,
+            )
+            advance(tx, trigger=f"human step {s.name!r} had {why}")
+            return
+        tx.set_step(
+            s.name,
+            st.evolve(status=StepStatus.TIMED_OUT, given_up=True, error=NO_SIGNAL, deadline=None),
+            "step_given_up",
+            reason=why,
+        )
+        tx.manual_review(
+            f"human step {s.name!r} had {why}: retry it to wait again, skip it, or resolve"
+        )
+        return
 
 
 def _explain_silence(tx: Transition, due: _Due) -> None:

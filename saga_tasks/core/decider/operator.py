@@ -20,6 +20,7 @@ from saga_tasks.core.decider.progress import (
     advance,
     begin_compensation,
     compensate_ready,
+    pivot_passed,
     resume_running,
 )
 from saga_tasks.core.decider.replay import replay_awaits
@@ -49,16 +50,18 @@ def _retry_step(tx: Transition, a: OperatorAction) -> None:
         send(tx, s, next_generation(st), Send.COMPENSATION, reason=said)
         return
     ready = st.status is StepStatus.PENDING and _parents_succeeded(tx, s)
+    failed_forward = st.status is StepStatus.FAILED and pivot_passed(tx)
     forward_retry = (
         ready
+        or failed_forward
         or st.status is StepStatus.REQUESTED
         or (st.status is StepStatus.TIMED_OUT and not st.compensation_id)
     )
     if not forward_retry:
         raise ActionRefused(
             f"step {s.name!r} is {st.status.value}: only a step awaiting its answer or "
-            "ready to be sent, given up without compensation, or whose compensation "
-            "failed can be retried"
+            "ready to be sent, given up without compensation, failed after the pivot, "
+            "or whose compensation failed can be retried"
         )
     if tx.status is SagaStatus.COMPENSATING or _compensation_begun(tx):
         raise ActionRefused("the saga is compensating; retry the compensation or resolve")
@@ -74,8 +77,8 @@ def _retry_step(tx: Transition, a: OperatorAction) -> None:
         )
         advance(tx, trigger="")
         return
-    retried = st.evolve(given_up=False)
-    if st.error == LATE_FAILURE:
+    retried = st.evolve(given_up=False, deadline=None)
+    if st.error == LATE_FAILURE or failed_forward:
         # The participant refused it; asked under the same id it would only repeat that.
         retried = next_generation(retried, forward=True)
     tx.put_step(s.name, retried)
@@ -117,7 +120,9 @@ def _undone_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -
 
 def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> None:
     said = _said(a)
-    if st.status not in (StepStatus.REQUESTED, StepStatus.TIMED_OUT, StepStatus.PENDING) or (
+    failed_forward = st.status is StepStatus.FAILED and pivot_passed(tx)
+    skippable = (StepStatus.REQUESTED, StepStatus.TIMED_OUT, StepStatus.PENDING)
+    if (st.status not in skippable and not failed_forward) or (
         _compensation_begun(tx) or tx.status is SagaStatus.COMPENSATING
     ):
         raise ActionRefused(
@@ -128,7 +133,8 @@ def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> 
         raise ActionRefused(f"step {s.name!r} waits for steps that have not succeeded")
     # A command that was sent may still run: unless it is known to have changed
     # nothing, it is fenced (undone if it ran, refused by a tombstone if not).
-    fence = st.command_id is not None and st.error != LATE_FAILURE
+    # (A step that failed after the pivot answered: its command changed nothing.)
+    fence = st.command_id is not None and st.error != LATE_FAILURE and not failed_forward
     if fence and not s.compensable:
         raise ActionRefused(
             f"step {s.name!r} has no compensation, and its command may still take effect; "
@@ -141,6 +147,7 @@ def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> 
         finished_at=tx.now,
         given_up=False,
         error=None,
+        deadline=None,
         result={"skipped_by": a.actor},
     )
     tx.set_step(
@@ -159,14 +166,19 @@ def _compensate(tx: Transition, a: OperatorAction) -> None:
     said = _said(a)
     if tx.status is SagaStatus.COMPENSATING:
         raise ActionRefused("the saga is already compensating")
+    if pivot_passed(tx):
+        raise ActionRefused(
+            f"cannot compensate: the pivot {tx.definition.pivot!r} succeeded, and after it "
+            "the saga only goes forward; retry or skip what is left, or resolve"
+        )
     # A step that cannot be undone and succeeded (or may have: its answer is awaited)
     # stays done, yet the compensation would undo what it builds on: an order confirmed
     # with its stock released and its payment voided.
     for s in tx.definition.steps:
         st = tx.steps[s.name]
         status = st.status
-        if s.compensable:
-            continue
+        if s.compensable or s.human is not None:
+            continue  # (a person's decision has no effect to undo)
         if status is StepStatus.TIMED_OUT and st.error == LATE_SUCCESS:
             raise ActionRefused(
                 f"cannot compensate: step {s.name!r} cannot be undone and succeeded after "
@@ -290,7 +302,9 @@ def _operator_step(tx: Transition, a: OperatorAction) -> tuple[Step, StepState]:
 
 
 def _parents_succeeded(tx: Transition, s: Step) -> bool:
-    return all(tx.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on)
+    return all(
+        tx.steps[p].status is StepStatus.SUCCEEDED or tx.steps[p].not_taken for p in s.depends_on
+    )
 
 
 def _compensation_begun(tx: Transition) -> bool:
@@ -303,6 +317,7 @@ def _compensation_begun(tx: Transition) -> bool:
             StepStatus.COMPENSATION_SKIPPED,
             StepStatus.SKIPPED,
         )
+        and not st.not_taken
         for st in tx.steps.values()
     )
 

@@ -1,17 +1,22 @@
 """Progress: moving a saga as far as its step states allow, forward or back.
 
-Forward, every step whose parents have all succeeded is sent (fan-out), and a step waits
-for all of its parents (fan-in). Back, once a step failed, steps never sent are skipped
+Forward, every step whose parents have all settled is looked at (fan-out), and a step
+waits for all of its parents (fan-in). A step whose condition does not hold, or none of
+whose parents was taken, is not taken (``SKIPPED``); a fan-in after a branch waits only
+for the steps that were taken. Back, once a step failed, steps never sent are skipped
 and every succeeded step is undone, children before parents; a step still in flight is
-undone once it answers, and a step without a compensation stays done.
+undone once it answers, and a step without a compensation stays done. Once the pivot
+succeeded, nothing is undone: the saga only goes forward.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from saga_tasks.core.decider.commands import Send, send
 from saga_tasks.core.decider.transitions import Transition
-from saga_tasks.core.definitions import LateReplyPolicy
-from saga_tasks.core.model import LATE_SUCCESS
+from saga_tasks.core.definitions import LateReplyPolicy, Step
+from saga_tasks.core.model import LATE_SUCCESS, NOT_TAKEN, StepState
 from saga_tasks.core.states import SagaStatus, StepStatus
 
 _HOLDS_AN_EFFECT = (
@@ -26,15 +31,26 @@ _HOLDS_AN_EFFECT = (
 def advance(tx: Transition, trigger: str) -> None:
     """Move the saga as far as its step states allow."""
     if tx.status is SagaStatus.RUNNING:
-        if any(st.status is StepStatus.FAILED for st in tx.steps.values()):
+        failed = [
+            n
+            for n, st in tx.steps.items()
+            if st.status is StepStatus.FAILED and not st.awaits_retry
+        ]
+        if failed and pivot_passed(tx):
+            tx.manual_review(
+                f"step {failed[0]!r} failed after the pivot {tx.definition.pivot!r}: nothing "
+                "is compensated after it; retry the step, skip it or resolve"
+            )
+        elif failed:
             begin_compensation(tx, trigger)
         else:
             dispatch_ready(tx)
             if all(
-                st.status is StepStatus.SUCCEEDED and not st.fencing for st in tx.steps.values()
+                (st.status is StepStatus.SUCCEEDED and not st.fencing) or st.not_taken
+                for st in tx.steps.values()
             ):
                 finish(tx, SagaStatus.COMPLETED, "saga_completed")
-            elif not any(st.in_flight for st in tx.steps.values()):
+            elif not any(st.pending for st in tx.steps.values()):
                 # Steps given up earlier (their outcome unknown) hold the rest back.
                 held = [n for n, st in tx.steps.items() if st.status is StepStatus.TIMED_OUT]
                 tx.manual_review(
@@ -48,13 +64,66 @@ def advance(tx: Transition, trigger: str) -> None:
         compensate_ready(tx)
 
 
+def pivot_passed(tx: Transition) -> bool:
+    """The saga's pivot succeeded: from here on it only goes forward."""
+    pivot = tx.definition.pivot
+    return pivot is not None and tx.steps[pivot].status is StepStatus.SUCCEEDED
+
+
+def after_pivot(tx: Transition, s: Step) -> bool:
+    """The step follows the saga's pivot, and the pivot succeeded."""
+    pivot = tx.definition.pivot
+    return pivot is not None and pivot_passed(tx) and s.name in tx.definition.descendants(pivot)
+
+
+def forward_only(tx: Transition, s: Step) -> bool:
+    """The step is never given up nor undone: it cannot be, or it follows a pivot that
+    succeeded. Silence sends it again; a dead letter or a spent failure calls a person."""
+    return not s.compensable or after_pivot(tx, s)
+
+
 def dispatch_ready(tx: Transition) -> None:
+    """Send (or, by its condition, pass over) every pending step whose parents have all
+    settled; definition order is a dependency order, so a branch not taken is passed
+    over to its end in one pass."""
     for s in tx.definition.steps:
         st = tx.steps[s.name]
         if st.status is not StepStatus.PENDING:
             continue
-        if all(tx.steps[p].status is StepStatus.SUCCEEDED for p in s.depends_on):
+        parents = [tx.steps[p] for p in s.depends_on]
+        if not all(p.status is StepStatus.SUCCEEDED or p.not_taken for p in parents):
+            continue
+        if parents and all(p.not_taken for p in parents):
+            _not_taken(tx, s, st, "none of the steps it depends on was taken")
+        elif s.when is not None and not s.when.holds(tx.before.payload, _results(tx)):
+            _not_taken(tx, s, st, f"its condition does not hold: {s.when}")
+        else:
+            if s.when is not None:
+                tx.note(
+                    "condition_held",
+                    step=s.name,
+                    reason=f"its condition holds: {s.when}",
+                    detail={"condition": str(s.when)},
+                )
             send(tx, s, st, Send.FORWARD)
+
+
+def _not_taken(tx: Transition, s: Step, st: StepState, why: str) -> None:
+    tx.set_step(
+        s.name,
+        st.evolve(status=StepStatus.SKIPPED, error=NOT_TAKEN),
+        "step_not_taken",
+        reason=why,
+        detail={"condition": str(s.when)} if s.when is not None else {},
+    )
+
+
+def _results(tx: Transition) -> dict[str, Any]:
+    return {
+        n: st.result
+        for n, st in tx.steps.items()
+        if st.result is not None and st.status is StepStatus.SUCCEEDED
+    }
 
 
 def resume_running(tx: Transition, said: str) -> None:
@@ -81,6 +150,16 @@ def begin_compensation(tx: Transition, reason: str, *, given_up_too: bool = Fals
     never_sent = [n for n, st in tx.steps.items() if st.status is StepStatus.PENDING]
     for name in never_sent:
         tx.put_step(name, tx.steps[name].evolve(status=StepStatus.SKIPPED))
+    for s in tx.definition.steps:
+        st = tx.steps[s.name]
+        if s.human is not None and st.status is StepStatus.REQUESTED:
+            # A decision not yet made has no effect to undo: nobody waits for it any more.
+            tx.set_step(
+                s.name,
+                st.evolve(status=StepStatus.SKIPPED, deadline=None, error=None),
+                "signal_withdrawn",
+                reason="the saga compensates; the decision is no longer needed",
+            )
     tx.note(
         "compensation_started",
         reason=reason,

@@ -9,10 +9,11 @@ or invalid (it answers nothing this saga sent). Every one is written down.
 from __future__ import annotations
 
 from saga_tasks.core.decider.commands import UNANSWERED_COMPENSATION, superseded
-from saga_tasks.core.decider.progress import advance
+from saga_tasks.core.decider.progress import advance, after_pivot
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import LateReplyPolicy
 from saga_tasks.core.events import ReplyReceived
+from saga_tasks.core.messages import MAX_GENERATIONS
 from saga_tasks.core.model import LATE_FAILURE, LATE_SUCCESS, StepState
 from saga_tasks.core.states import (
     FORWARD_SUCCEEDED,
@@ -92,14 +93,22 @@ def _forward_answered(tx: Transition, event: ReplyReceived, st: StepState) -> No
         )
     else:
         code = event.error_code or "failed"
-        tx.set_step(
-            name,
-            st.evolve(status=StepStatus.FAILED, finished_at=tx.now, error=code),
-            "step_failed",
-            message_id=event.message_id,
-            reason=_error_text(event),
-        )
+        failed = st.evolve(status=StepStatus.FAILED, finished_at=tx.now, error=code, deadline=None)
+        s = tx.definition.step(name)
+        reason = _error_text(event)
+        if after_pivot(tx, s) and _retries_left(st, s.retry.max_attempts):
+            # After the pivot nothing is undone: the step is sent again, as a new
+            # command (the participant would repeat its refusal of this one).
+            failed = failed.evolve(
+                deadline=tx.now + s.retry.wait(s.timeout, st.attempt + 1, st.command_id or "")
+            )
+            reason += f"; after the pivot: sent again as a new command at {failed.deadline}"
+        tx.set_step(name, failed, "step_failed", message_id=event.message_id, reason=reason)
     advance(tx, trigger=f"step {name!r} failed: {_error_text(event)}")
+
+
+def _retries_left(st: StepState, max_attempts: int) -> bool:
+    return st.attempt < max_attempts and st.generation < MAX_GENERATIONS
 
 
 def _late_forward_reply(tx: Transition, event: ReplyReceived, st: StepState) -> None:

@@ -113,7 +113,7 @@ class Transition:
         if (
             self.changed
             and self.status in ACTIVE_SAGA
-            and not any(st.in_flight for st in self.steps.values())
+            and not any(st.pending for st in self.steps.values())
         ):
             # No reply and no deadline would ever move this saga again. The rules are
             # meant to leave no such state; should one be reached, a person sees it.
