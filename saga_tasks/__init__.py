@@ -2,16 +2,32 @@
 
 from saga_tasks.app import SagaApp, default_app, load_app, start_saga
 from saga_tasks.config import Settings
+from saga_tasks.core.conditions import (
+    Condition,
+    all_of,
+    any_of,
+    at_least,
+    at_most,
+    equals,
+    exists,
+    greater,
+    less,
+    negate,
+    not_equals,
+    one_of,
+)
 from saga_tasks.core.decider import CommandIntent, Decision, HistoryEntry, decide
 from saga_tasks.core.definitions import (
+    HumanTimeoutPolicy,
     LateReplyPolicy,
     RetryPolicy,
     SagaDefinition,
     Step,
+    human_step,
     saga,
     step,
 )
-from saga_tasks.core.events import ReplyReceived, Started
+from saga_tasks.core.events import ReplyReceived, SignalReceived, Started
 from saga_tasks.core.model import SagaState, StepState
 from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import (
@@ -38,12 +54,27 @@ from saga_tasks.runtime.orchestrator import SagaHandle
 
 __all__ = [
     # defining sagas
+    "HumanTimeoutPolicy",
     "LateReplyPolicy",
     "RetryPolicy",
     "SagaDefinition",
     "Step",
+    "human_step",
     "saga",
     "step",
+    # conditions (when=)
+    "Condition",
+    "all_of",
+    "any_of",
+    "at_least",
+    "at_most",
+    "equals",
+    "exists",
+    "greater",
+    "less",
+    "negate",
+    "not_equals",
+    "one_of",
     # writing participants
     "BusinessRejection",
     "CommandContext",
@@ -61,6 +92,7 @@ __all__ = [
     "Decision",
     "HistoryEntry",
     "ReplyReceived",
+    "SignalReceived",
     "SagaState",
     "SagaStatus",
     "Started",

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from saga_tasks import ReplyReceived, SagaState, Started, decide
+from saga_tasks import ReplyReceived, SagaState, SignalReceived, Started, decide
 from saga_tasks.core.decider import Decision
 from saga_tasks.core.definitions import SagaDefinition, saga, step
 from saga_tasks.core.events import DeadlinePassed
@@ -56,14 +56,19 @@ def diamond() -> SagaDefinition:
 class Driver:
     """Feeds events to the decider the way the shell does, keeping the latest state."""
 
-    def __init__(self, definition: SagaDefinition, saga_id: str | None = None) -> None:
+    def __init__(
+        self,
+        definition: SagaDefinition,
+        saga_id: str | None = None,
+        payload: dict[str, object] | None = None,
+    ) -> None:
         self.definition = definition
         self.now = T0
         self.state = SagaState.new(
             definition,
             saga_id=saga_id or str(uuid.uuid4()),
             business_key="k",
-            payload={"x": 1},
+            payload=payload if payload is not None else {"x": 1},
             now=self.now,
             id_key="5a" * 16,  # keyed ids, as every saga started now has
         )
@@ -71,7 +76,10 @@ class Driver:
         self._counter = 0
 
     def apply(
-        self, event: Started | ReplyReceived | DeadlinePassed, *, step: float = 0.01
+        self,
+        event: Started | ReplyReceived | DeadlinePassed | SignalReceived,
+        *,
+        step: float = 0.01,
     ) -> Decision:
         self.now += timedelta(seconds=step)
         decision = decide(self.definition, self.state, event, self.now)
@@ -124,6 +132,9 @@ class Driver:
         seconds = max((wake - self.now).total_seconds(), 0) + 0.5
         return self.apply(DeadlinePassed(backlog or {}, dispatch or {}), step=seconds)
 
+    def signal(self, step_name: str, data: dict[str, object]) -> Decision:
+        return self.apply(SignalReceived(step_name, data, actor="ann", reason="inspected"))
+
     def succeed(self, step_name: str) -> Decision:
         return self.apply(self.reply(step_name))
 
@@ -164,8 +175,16 @@ def check(
         )
         # A replayed held message is itself what is in flight again: nothing new is sent.
         replayed = any(h.event == "replay_awaited" and h.step == name for h in decision.history)
-        # Invariant 1: the state says "requested" exactly when a command is sent for it.
-        assert (entered_request and not replayed) == ((name, MessageKind.COMMAND) in sent)
+        # Invariant 1: the state says "requested" exactly when a command is sent for it
+        # (a human step sends none: it waits for a person's signal).
+        human = defn.step(name).human is not None
+        assert (entered_request and not replayed and not human) == (
+            (name, MessageKind.COMMAND) in sent
+        )
+        # A step not taken is never sent, nor undone.
+        if new.not_taken:
+            assert (name, MessageKind.COMMAND) not in sent
+            assert (name, MessageKind.COMPENSATION) not in sent
         assert ((entered_compensation or entered_fence) and not replayed) == (
             (name, MessageKind.COMPENSATION) in sent
         )
@@ -180,7 +199,10 @@ def check(
                 resent and not defn.step(c.step).compensable
             )
             assert c.command_id == st_.command_id
-            assert all(after.steps[p].status is StepStatus.SUCCEEDED for p in defn.parents[c.step])
+            assert all(
+                after.steps[p].status is StepStatus.SUCCEEDED or after.steps[p].not_taken
+                for p in defn.parents[c.step]
+            )
         elif st_.fencing:  # a step done by hand: its command in flight is fenced
             assert operator or c.attempt > 1
             assert c.compensates == st_.command_id
@@ -203,7 +225,7 @@ def check(
         any(h.event == "saga_resolved" for h in decision.history) or before.status == after.status
     )
     if after.status is SagaStatus.COMPLETED and not resolved:
-        assert all(s.status is StepStatus.SUCCEEDED for s in after.steps.values())
+        assert all(s.status is StepStatus.SUCCEEDED or s.not_taken for s in after.steps.values())
     if after.status is SagaStatus.COMPENSATED and not resolved:
         for s in after.steps.values():
             assert s.status not in (StepStatus.SUCCEEDED, *IN_FLIGHT)
@@ -212,7 +234,7 @@ def check(
     # No dead end: an active saga waits for an answer (or a fence), so a reply or a
     # deadline moves it again; the decider's own last resort never has to act.
     if after.status in (SagaStatus.RUNNING, SagaStatus.COMPENSATING):
-        assert any(s.in_flight for s in after.steps.values()), "active with nothing in flight"
+        assert any(s.pending for s in after.steps.values()), "active with nothing in flight"
         assert after.next_wake_at() is not None
     assert all(h.event != "no_way_forward" for h in decision.history), decision.history
     if after.status in TERMINAL_SAGA:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from saga_tasks.core.decider.progress import dispatch_ready
+from saga_tasks.core.decider.progress import advance
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.states import Classification
 
@@ -15,4 +15,4 @@ def on_started(tx: Transition) -> None:
     tx.changed = True
     tx.deadline = tx.now + tx.definition.timeout
     tx.note("saga_started", detail={"deadline": tx.deadline.isoformat()})
-    dispatch_ready(tx)
+    advance(tx, trigger="")  # (a saga whose every step is not taken completes at once)
