@@ -96,6 +96,9 @@ def test_public_api_is_pinned():
             "DuplicateStep", "InputError", "InvalidMessage", "InvalidPayload", "MissingQueue",
             "SagaNotFound", "SagaTasksError", "ServiceUnavailable", "UnknownDependency",
             "UnknownSagaType",
+            "HumanTimeoutPolicy", "human_step", "SignalReceived",
+            "Condition", "all_of", "any_of", "at_least", "at_most", "equals", "exists",
+            "greater", "less", "negate", "not_equals", "one_of",
         ]
     )  # fmt: skip
     for name in saga_tasks.__all__:
