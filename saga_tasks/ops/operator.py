@@ -38,3 +38,23 @@ def act(
     )
     app.orchestrator.act(saga_id, action, expect_version=expect_version)
     return saga_view(app, saga_id)
+
+
+def signal(
+    app: SagaApp,
+    saga_id: str,
+    step: str,
+    data: Any,
+    *,
+    actor: str,
+    reason: str,
+    expect_version: int | None = None,
+) -> dict[str, Any]:
+    """A person's decision on a human step; return the saga as ``show`` prints it.
+    Data that the step's schema refuses raises ``InvalidPayload`` and changes nothing."""
+    if not actor.strip() or not reason.strip():
+        raise InputError("a signal needs --actor and --reason")
+    app.orchestrator.signal(
+        saga_id, step, data, actor=actor, reason=reason, expect_version=expect_version
+    )
+    return saga_view(app, saga_id)

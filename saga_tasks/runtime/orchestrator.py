@@ -24,7 +24,14 @@ from sqlalchemy.orm import Session
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.decider import CommandIntent, Decision, decide
 from saga_tasks.core.definitions import SagaDefinition
-from saga_tasks.core.events import DeadLettered, Event, OperatorAction, ReplyReceived, Started
+from saga_tasks.core.events import (
+    DeadLettered,
+    Event,
+    OperatorAction,
+    ReplyReceived,
+    SignalReceived,
+    Started,
+)
 from saga_tasks.core.messages import OutboundMessage, command_headers, parse_reply
 from saga_tasks.core.model import SagaState, new_id_key
 from saga_tasks.core.registry import Registry
@@ -54,7 +61,7 @@ from saga_tasks.runtime.outlet import Outlet
 log = logging.getLogger("saga_tasks.orchestrator")
 
 MAX_BUSINESS_KEY = 200
-OVERDUE = frozenset({"step_overdue", "compensation_overdue"})
+OVERDUE = frozenset({"step_overdue", "compensation_overdue", "signal_escalated"})
 """History events of a step or compensation sent again past its policy's attempts: an
 alert (forward recovery goes on, but someone should look at the participant)."""
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -487,6 +494,54 @@ class Orchestrator:
             ),
         )
         return messages, decision.state
+
+    def signal(
+        self,
+        saga_id: str,
+        step: str,
+        data: Any,
+        *,
+        actor: str,
+        reason: str,
+        expect_version: int | None = None,
+    ) -> SagaState:
+        """A person's decision on a human step. The data is validated against the
+        step's schema first (``InvalidPayload``: nothing changes); then as ``act``."""
+        now = self.clock.now()
+        with translated(self.engine.url), self.engine.begin() as conn:
+            state = sagas.lock(conn, saga_id)
+            if state is None:
+                raise SagaNotFound(f"no saga {saga_id}")
+            if expect_version is not None and state.version != expect_version:
+                raise VersionMismatch(
+                    f"saga {saga_id} is at version {state.version}, not {expect_version}; "
+                    "look at it again before acting",
+                    current=state.version,
+                )
+            definition = self.registry.get(state.saga_type, state.definition_version)
+            target = definition.by_name.get(step)
+            if target is not None and target.human is not None:
+                data = target.human.validate(data)
+            event = SignalReceived(step, data, actor=actor.strip(), reason=reason.strip())
+            decision, messages = self._apply(conn, state, event, now, actor=event.actor)
+        observe(state, decision, None)
+        log.warning(
+            "signal on step %s by %s: %s",
+            step,
+            event.actor,
+            event.reason,
+            extra={
+                **log_fields(
+                    decision.state,
+                    None,
+                    status_before=state.status,
+                    status_after=decision.state.status,
+                ),
+                "step": step,
+            },
+        )
+        self._outlet().send(saga_outbox, messages)
+        return decision.state
 
     def dead_lettered(
         self, conn: Connection, saga_id: str, event: DeadLettered

@@ -38,6 +38,7 @@ from saga_tasks.errors import (
 )
 from saga_tasks.observability.tracing import TRACEPARENT
 from saga_tasks.ops.operator import act as do
+from saga_tasks.ops.operator import signal as give_signal
 from saga_tasks.ops.views import held_list, held_show, list_view, saga_view
 from saga_tasks.ops.views import stuck as find_stuck
 from saga_tasks.persistence import idempotency
@@ -151,6 +152,14 @@ class ActionRequest(BaseModel):
     expect_version: int = Field(ge=0)
     step: str | None = Field(default=None, max_length=200)
     status: Literal["COMPLETED", "COMPENSATED", "FAILED"] | None = None
+
+
+class SignalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data: dict[str, Any]
+    reason: str = Field(min_length=1, max_length=1000)
+    expect_version: int | None = Field(default=None, ge=0)
 
 
 class HeldActionRequest(BaseModel):
@@ -436,6 +445,25 @@ def build(app: SagaApp) -> FastAPI:
             expect_version=body.expect_version,
             step=body.step,
             resolution=body.status,
+        )
+
+    @web.post("/sagas/{saga_id}/steps/{step}/signal", tags=["operators"])
+    def signal(
+        saga_id: Annotated[str, Path(max_length=100)],
+        step: Annotated[str, Path(max_length=200)],
+        body: SignalRequest,
+        caller: Operator,
+    ) -> dict[str, Any]:
+        """A person's decision on a human step, audited with the token's actor. Data the
+        step's schema refuses: 422, nothing changes; a step not waiting: 409."""
+        return give_signal(
+            app,
+            saga_id,
+            step,
+            body.data,
+            actor=caller.name,
+            reason=body.reason,
+            expect_version=body.expect_version,
         )
 
     # -- held messages --------------------------------------------------------------------

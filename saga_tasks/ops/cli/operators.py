@@ -8,9 +8,11 @@ from typing import Any
 import click
 
 from saga_tasks.ops.cli.base import (
+    EXIT_INPUT,
     Context,
     emit,
     errors,
+    fail,
 )
 from saga_tasks.ops.cli.sagas import render_saga
 
@@ -138,3 +140,42 @@ def stuck(obj: Context, older_than: float | None, limit: int, as_json: bool) -> 
             )
 
     emit(view, as_json, render)
+
+
+@click.command("signal")
+@click.argument("saga_id")
+@click.argument("step")
+@click.option("--data", "data_json", required=True, help="The decision, a JSON object.")
+@click.option("--actor", required=True, help="Who decides; written to the saga's history.")
+@click.option("--reason", required=True, help="Why; written to the saga's history.")
+@click.option(
+    "--expect-version", type=int, default=None, help="Refuse if the saga moved since (see show)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the saga as JSON.")
+@click.pass_obj
+def signal(
+    obj: Context,
+    *,
+    saga_id: str,
+    step: str,
+    data_json: str,
+    actor: str,
+    reason: str,
+    expect_version: int | None,
+    as_json: bool,
+) -> None:
+    """Answer a human step: its data, checked against the step's schema, becomes the
+    step's result. Bad data exits 2 and changes nothing."""
+    import json
+
+    from saga_tasks.ops.operator import signal as give_signal
+
+    try:
+        data = json.loads(data_json)
+    except ValueError as exc:
+        fail(f"--data is not JSON: {exc}", EXIT_INPUT)
+    app = obj.app()
+    with errors():
+        view = give_signal(app, saga_id, step, data, actor=actor, reason=reason,
+                           expect_version=expect_version)  # fmt: skip
+    emit(view, as_json, render_saga)
