@@ -1,4 +1,4 @@
-"""The example deployment: the order saga and its three participants.
+"""The example deployment: the order and returns sagas and their four participants.
 
 export SAGA_PARTICIPANT_DATABASE_URL='postgresql+psycopg2://...@127.0.0.1:5432/{participant}'
 saga-tasks --app participants.app:saga_app db upgrade     # saga database, then each participant's
@@ -10,14 +10,20 @@ celery -A participants.app beat
 
 from __future__ import annotations
 
-from participants import inventory, orders, payments
+from participants import inventory, orders, payments, returns
 from participants.faults import DemoFaults
 from participants.order_saga import ORDER_SAGA
+from participants.return_saga import RETURN_SAGA
 from saga_tasks import SagaApp
 
 saga_app = SagaApp(
-    sagas=[ORDER_SAGA],
-    participants=[orders.participant, inventory.participant, payments.participant],
+    sagas=[ORDER_SAGA, RETURN_SAGA],
+    participants=[
+        orders.participant,
+        inventory.participant,
+        payments.participant,
+        returns.participant,
+    ],
     name="participants",
     hooks=DemoFaults.from_env(),  # SAGA_TASKS_DEMO_FAULTS=1 lets payloads ask for faults
 )

@@ -61,9 +61,9 @@ SERVICE_MARKERS = ("integration", "e2e", "faults")
 
 
 def _participants():
-    from participants import inventory, orders, payments
+    from participants import inventory, orders, payments, returns
 
-    return (orders.participant, inventory.participant, payments.participant)
+    return (orders.participant, inventory.participant, payments.participant, returns.participant)
 
 
 PARTICIPANTS = _participants()
@@ -107,18 +107,20 @@ def build_order_app(
     time_scale: float = 1.0,
     on_dead_letter="compensate",
     faults: bool = False,
+    inspection: float | None = None,
 ):
-    """The example deployment (order saga, three participants) on this test's services."""
-    from participants import inventory, orders, payments
+    """The example deployment (order and returns sagas, four participants) on this
+    test's services."""
     from participants.faults import DemoFaults
     from participants.order_saga import order_saga
+    from participants.return_saga import return_saga
     from participants.seed import seed
     from saga_tasks import SagaApp
     from saga_tasks.messaging.topology import declare_topology
 
     app = SagaApp(
-        sagas=[order_saga(time_scale, on_dead_letter)],
-        participants=[orders.participant, inventory.participant, payments.participant],
+        sagas=[order_saga(time_scale, on_dead_letter), return_saga(time_scale, inspection)],
+        participants=list(PARTICIPANTS),
         settings=settings,
         clock=clock,
         hooks=DemoFaults(enabled=faults),
@@ -141,6 +143,8 @@ class Workers:
         self.started: list[WorkerProcess] = []
         self.time_scale = 1.0
         self.faults = faults
+        self.extra: dict[str, str] = {}
+        """More environment for every process started from now on."""
 
     def env(self, **extra: str) -> dict[str, str]:
         return self.isolation.env(
@@ -155,7 +159,7 @@ class Workers:
             ORDER_SAGA_TIME_SCALE=str(self.time_scale),
             SAGA_TASKS_APP="participants.app:saga_app",
             PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-            **extra,
+            **{**self.extra, **extra},
         )
 
     def start(
@@ -202,7 +206,9 @@ class Workers:
 
     def participants(self, **kw) -> WorkerProcess:
         return self.start(
-            "participants", ["orders.commands", "inventory.commands", "payments.commands"], **kw
+            "participants",
+            ["orders.commands", "inventory.commands", "payments.commands", "returns.commands"],
+            **kw,
         )
 
     def stop_all(self) -> None:

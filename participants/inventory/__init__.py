@@ -108,3 +108,88 @@ def release(ctx: CommandContext) -> Mapping[str, Any]:
         .values(status="RELEASED", released_at=ctx.now)
     )
     return {"released": True, "reservation_id": row.reservation_id}
+
+
+# -- returned items ---------------------------------------------------------------------------
+
+returned_item = Table(
+    "returned_item",
+    participant.metadata,
+    Column("return_id", Text, primary_key=True),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("sku", Text, nullable=False),
+    Column("qty", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    schema="inventory",
+)
+
+
+@participant.command("receive")
+def receive(ctx: CommandContext) -> Mapping[str, Any]:
+    """Take the returned item in at the warehouse (RECEIVED)."""
+    p = ctx.payload
+    ctx.conn.execute(
+        insert(returned_item)
+        .values(
+            return_id=p["return_id"],
+            saga_id=ctx.saga_id,
+            sku=p["sku"],
+            qty=int(p["qty"]),
+            status="RECEIVED",
+            received_at=ctx.now,
+            updated_at=ctx.now,
+        )
+        .on_conflict_do_nothing(index_elements=["return_id"])
+    )
+    return {"received": p["return_id"]}
+
+
+@participant.compensation("flag_for_inspection", undoes="receive")
+def flag_for_inspection(ctx: CommandContext) -> Mapping[str, Any]:
+    """An item cannot be un-received: when the return fails later it is flagged for a
+    person to look at (FLAGGED); one never received changes nothing."""
+    flagged = ctx.conn.execute(
+        update(returned_item)
+        .where(
+            returned_item.c.return_id == ctx.payload["return_id"],
+            returned_item.c.saga_id == ctx.saga_id,
+            returned_item.c.status == "RECEIVED",
+        )
+        .values(status="FLAGGED", updated_at=ctx.now)
+        .returning(returned_item.c.return_id)
+    ).first()
+    return {"flagged": flagged is not None}
+
+
+def _move_returned(ctx: CommandContext, status: str) -> Any:
+    return ctx.conn.execute(
+        update(returned_item)
+        .where(
+            returned_item.c.return_id == ctx.payload["return_id"],
+            returned_item.c.saga_id == ctx.saga_id,
+            returned_item.c.status == "RECEIVED",
+        )
+        .values(status=status, updated_at=ctx.now)
+        .returning(returned_item.c.sku, returned_item.c.qty)
+    ).first()
+
+
+@participant.command("restock")
+def restock(ctx: CommandContext) -> Mapping[str, Any]:
+    """Put the accepted item back on the shelf: it can be sold again (cannot be undone)."""
+    moved = _move_returned(ctx, "RESTOCKED")
+    if moved is not None:
+        ctx.conn.execute(
+            update(stock)
+            .where(stock.c.sku == moved.sku)
+            .values(on_hand=stock.c.on_hand + moved.qty)
+        )
+    return {"restocked": moved is not None}
+
+
+@participant.command("send_back")
+def send_back(ctx: CommandContext) -> Mapping[str, Any]:
+    """Ship the rejected item back to the customer (cannot be undone)."""
+    return {"sent_back": _move_returned(ctx, "SENT_BACK") is not None}

@@ -101,3 +101,68 @@ def void(ctx: CommandContext) -> Mapping[str, Any]:
             .values(authorized_cents=customer.c.authorized_cents - voided.amount_cents)
         )
     return {"voided": voided is not None}
+
+
+# -- refunds ----------------------------------------------------------------------------------
+
+REFUND_LIMIT_CENTS = 100_000
+"""Refunds above this are declined here: a person at finance handles them."""
+
+refund_table = Table(
+    "refund",
+    participant.metadata,
+    Column("return_id", Text, primary_key=True),
+    Column("command_id", UUID(as_uuid=False), nullable=False),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("customer_id", Text, nullable=False),
+    Column("amount_cents", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("voided_at", DateTime(timezone=True)),
+    schema="payments",
+)
+
+
+@participant.command("refund")
+def refund(ctx: CommandContext) -> Mapping[str, Any]:
+    """Request the refund of a return, once per return id whatever the command: a
+    second request for the same return answers with the first one."""
+    p = ctx.payload
+    amount = int(p["amount_cents"])
+    if amount > REFUND_LIMIT_CENTS:
+        raise BusinessRejection("declined", "refund above the automatic limit")
+    known = ctx.conn.execute(
+        select(customer.c.customer_id).where(customer.c.customer_id == p["customer_id"])
+    ).first()
+    if known is None:
+        raise BusinessRejection("unknown_customer", "no payment account for this customer")
+    ctx.conn.execute(
+        insert(refund_table)
+        .values(
+            return_id=p["return_id"],
+            command_id=ctx.command_id,
+            saga_id=ctx.saga_id,
+            customer_id=p["customer_id"],
+            amount_cents=amount,
+            status="REQUESTED",
+            created_at=ctx.now,
+        )
+        .on_conflict_do_nothing(index_elements=["return_id"])
+    )
+    return {"refund_for": p["return_id"], "amount_cents": amount}
+
+
+@participant.compensation("void_refund", undoes="refund")
+def void_refund(ctx: CommandContext) -> Mapping[str, Any]:
+    """Void the refund request; safe when none was made (the payment was never
+    captured, or the command never ran: its tombstone refuses it later)."""
+    voided = ctx.conn.execute(
+        update(refund_table)
+        .where(
+            refund_table.c.return_id == ctx.payload["return_id"],
+            refund_table.c.status == "REQUESTED",
+        )
+        .values(status="VOIDED", voided_at=ctx.now)
+        .returning(refund_table.c.return_id)
+    ).first()
+    return {"voided": voided is not None}

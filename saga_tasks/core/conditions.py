@@ -112,8 +112,9 @@ class Compare(Condition):
     def __str__(self) -> str:
         if self.op == "exists":
             return f"{self.path} exists"
-        shown = list(self.value) if self.op == "in" else self.value
-        return f"{self.path} {self.op} {json.dumps(shown, sort_keys=True)}"
+        if self.op == "in":
+            return f"{self.path} in [{', '.join(_shown(v) for v in self.value)}]"
+        return f"{self.path} {self.op} {_shown(self.value)}"
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,13 @@ class Not(Condition):
 
     def __str__(self) -> str:
         return f"not {_grouped(self.part)}"
+
+
+def _shown(value: Any) -> str:
+    """A value as a condition prints it: strings in single quotes, the rest as JSON."""
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return json.dumps(value)
 
 
 def _grouped(c: Condition) -> str:

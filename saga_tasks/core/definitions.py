@@ -501,23 +501,15 @@ def _check_conditions(d: SagaDefinition) -> None:
 
 
 def _check_pivot(d: SagaDefinition) -> None:
-    """One pivot at most, and every other step strictly before or after it: a step
-    running beside the pivot could fail after it succeeded, with nothing safe to do."""
+    """One pivot at most. Steps beside it (another branch) are allowed: whatever has not
+    succeeded when the pivot does only goes forward from then on."""
     pivots = [s.name for s in d.steps if s.pivot]
     if not pivots:
         return
     if len(pivots) > 1:
         raise DefinitionError(d.saga_type, f"one pivot at most; marked: {', '.join(pivots)}")
     pivot = pivots[0]
-    before, after = d.ancestors(pivot), d.descendants(pivot)
-    beside = [s.name for s in d.steps if s.name != pivot and s.name not in before | after]
-    if beside:
-        raise DefinitionError(
-            d.saga_type,
-            f"step {beside[0]!r} neither precedes nor follows the pivot {pivot!r}: make it "
-            "depend on the pivot, or the pivot on it",
-        )
-    for name in sorted(after):
+    for name in sorted(d.descendants(pivot)):
         s = d.by_name[name]
         if s.human is not None and s.human.on_timeout is HumanTimeoutPolicy.COMPENSATE:
             raise DefinitionError(

@@ -2,8 +2,9 @@
 
 Reads a definition only; no database, no broker. The JSON is an object whose ``steps``
 list says, for each step in dependency order, its command and compensation, queue,
-parents, timeout and policies; ``mermaid`` draws the graph (steps that cannot be undone
-with a double border).
+parents, condition, pivot, human wait, timeout and policies; ``mermaid`` draws the graph
+(steps that cannot be undone with a double border, human steps as hexagons, the pivot
+in bold, conditions on the edges into their steps).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def describe(definition: SagaDefinition) -> dict[str, Any]:
         "saga_type": definition.saga_type,
         "version": definition.version,
         "timeout_seconds": definition.timeout.total_seconds(),
+        "pivot": definition.pivot,
         "steps": [_step(definition, s) for s in definition.steps],
         "mermaid": mermaid(definition),
     }
@@ -38,6 +40,21 @@ def _step(definition: SagaDefinition, s: Step) -> dict[str, Any]:
         "compensation_retry": _policy(s.compensation_retry, s.timeout),
         "late_reply": s.late_reply.value,
         "on_dead_letter": s.on_dead_letter.value,
+        "when": str(s.when) if s.when is not None else None,
+        "pivot": s.pivot,
+        "human": _human(s),
+    }
+
+
+def _human(s: Step) -> dict[str, Any] | None:
+    if s.human is None:
+        return None
+    escalate = s.human.escalate_after
+    return {
+        "schema": s.human.schema_name,
+        "decide_within_seconds": s.timeout.total_seconds(),
+        "escalate_after_seconds": escalate.total_seconds() if escalate else None,
+        "on_timeout": s.human.on_timeout.value,
     }
 
 
@@ -57,12 +74,21 @@ def mermaid(definition: SagaDefinition) -> str:
     lines = ["flowchart LR"]
     ids = {s.name: f"s{i}" for i, s in enumerate(definition.steps)}
     for s in definition.steps:
-        label = f"{s.name}<br/>{s.action}"
-        if s.compensable:
-            lines.append(f'    {ids[s.name]}["{label}<br/>undo: {s.compensation}"]')
+        name = f"<b>{s.name} (pivot)</b>" if s.pivot else s.name
+        if s.human is not None:
+            lines.append(f'    {ids[s.name]}{{{{"{name}<br/>a person decides"}}}}')
+        elif s.compensable:
+            label = f"{name}<br/>{s.action}<br/>undo: {s.compensation}"
+            lines.append(f'    {ids[s.name]}["{label}"]')
         else:
-            lines.append(f'    {ids[s.name]}[["{label}<br/>cannot be undone"]]')
+            lines.append(f'    {ids[s.name]}[["{name}<br/>{s.action}<br/>cannot be undone"]]')
     for s in definition.steps:
+        edge = f'-- "{_quoted(str(s.when))}" -->' if s.when is not None else "-->"
         for parent in definition.parents[s.name]:
-            lines.append(f"    {ids[parent]} --> {ids[s.name]}")
+            lines.append(f"    {ids[parent]} {edge} {ids[s.name]}")
     return "\n".join(lines)
+
+
+def _quoted(text: str) -> str:
+    """Mermaid labels end at a double quote: write it as its entity."""
+    return text.replace('"', "#quot;")

@@ -71,9 +71,15 @@ def pivot_passed(tx: Transition) -> bool:
 
 
 def after_pivot(tx: Transition, s: Step) -> bool:
-    """The step follows the saga's pivot, and the pivot succeeded."""
+    """The pivot succeeded and the step is not one it built on: the step only goes
+    forward (a step of another branch included)."""
     pivot = tx.definition.pivot
-    return pivot is not None and pivot_passed(tx) and s.name in tx.definition.descendants(pivot)
+    return (
+        pivot is not None
+        and s.name != pivot
+        and pivot_passed(tx)
+        and s.name not in tx.definition.ancestors(pivot)
+    )
 
 
 def forward_only(tx: Transition, s: Step) -> bool:
