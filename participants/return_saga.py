@@ -5,7 +5,8 @@ is flagged for inspection) -> inspect (a person decides, within a deadline) -> a
 refund (the pivot: once money is on its way the saga only goes forward) -> restock ->
 notify the customer; rejected: send the item back -> close the return as rejected.
 
-Timeouts (at scale 1): a participant step 30 s a try; the inspection escalates after
+Timeouts (at scale 1): a participant step 30 s a try (notifying 10 s: a refused one is
+sent again soon, it follows the pivot); the inspection escalates after
 two days and, with no decision after three, fails so the return is cancelled and the
 item flagged; the saga as a whole has four days and ten minutes.
 """
@@ -85,7 +86,7 @@ def return_saga(time_scale: float = 1.0, inspection: float | None = None) -> Sag
             pivot=True,
         ),
         step("restock", inventory.restock, timeout=t(30)),
-        step("notify_customer", returns.notify, timeout=t(30), retry=5),
+        step("notify_customer", returns.notify, timeout=t(10), retry=5),
         step(
             "send_back", inventory.send_back, timeout=t(30), when=rejected, depends_on=["inspect"]
         ),

@@ -1,4 +1,5 @@
-"""The demo: real workers, beat and Flower, and a stream of order sagas through every path.
+"""The demo: real workers, beat and Flower, and a stream of order and return sagas through
+every path.
 
     python -m tools.demo [--sagas 250] [--rate R | --warmup 60 --share 0.7]
                          [--exit | --keep] [--stop]
@@ -8,7 +9,9 @@ stock and customers; measures the deployment's capacity this hour with a short w
 (plain orders at once) and offers a share of it (or ``--rate``); starts the sagas at that
 steady rate with a known mix of paths
 (completed, out of stock, unknown SKU, declined, duplicate start, duplicate reply,
-slow participant, participant crash after commit); restarts any worker that dies;
+slow participant, participant crash after commit; returns accepted and rejected by a
+scripted inspector, a refund declined, an inspection nobody makes in time, a
+notification refused once and sent again after the pivot); restarts any worker that dies;
 prints progress, then a summary that checks every saga ended as its path expects.
 It stops everything it started on Ctrl-C, at the end with ``--exit``, or, for a
 demo left running elsewhere, with ``--stop``.
@@ -53,6 +56,9 @@ class DemoPath:
     name: str
     weight: int
     expected: SagaStatus
+    saga_type: str = "order"
+    decision: str | None = None
+    """For a return: what the scripted inspector decides (None: nobody decides)."""
 
 
 PATHS = (
@@ -64,7 +70,60 @@ PATHS = (
     DemoPath("duplicate_reply", 3, SagaStatus.COMPLETED),
     DemoPath("slow_participant", 3, SagaStatus.COMPLETED),
     DemoPath("crash_after_commit", 1, SagaStatus.COMPLETED),
+    DemoPath("return_accepted", 6, SagaStatus.COMPLETED, "return", "accepted"),
+    DemoPath("return_rejected", 3, SagaStatus.COMPLETED, "return", "rejected"),
+    DemoPath("refund_declined", 2, SagaStatus.COMPENSATED, "return", "accepted"),
+    DemoPath("inspection_timeout", 1, SagaStatus.COMPENSATED, "return"),
+    DemoPath("notify_retried", 2, SagaStatus.COMPLETED, "return", "accepted"),
 )
+INSPECTION_SECONDS = "20"
+"""How long the demo's inspector has for a return (escalation at two thirds)."""
+
+
+def return_payload(path: str, key: str, rng: random.Random) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "return_id": key,
+        "order_ref": f"ord-{rng.randint(1, 10_000)}",
+        "customer_id": f"c-{rng.randint(1, 20)}",
+        "sku": f"sku-{rng.randint(1, 10)}",
+        "qty": 1,
+        "amount_cents": rng.randint(500, 20_000),
+    }
+    if path == "refund_declined":
+        payload["amount_cents"] = 150_000  # above the automatic refund limit
+    elif path == "notify_retried":
+        payload["demo_faults"] = {"returns.notify": "refuse"}
+    return payload
+
+
+def inspect_waiting(app: Any, planned: dict[str, DemoPath], decided: set[str]) -> int:
+    """The scripted inspector: decide every return waiting for it, as its path says."""
+    waiting = [sid for sid, p in planned.items() if p.decision is not None and sid not in decided]
+    if not waiting:
+        return 0
+    with app.engine.connect() as conn:
+        ready = conn.execute(
+            text(
+                "SELECT saga_id::text FROM saga.saga_step WHERE step = 'inspect' "
+                "AND status = 'REQUESTED' AND saga_id = ANY(CAST(:ids AS uuid[]))"
+            ),
+            {"ids": waiting},
+        ).scalars()
+        ready = list(ready)
+    for saga_id in ready:
+        decision = planned[saga_id].decision
+        try:
+            app.orchestrator.signal(
+                saga_id,
+                "inspect",
+                {"decision": decision},
+                actor="demo-inspector",
+                reason=f"scripted inspection: {decision}",
+            )
+        except SagaTasksError as exc:
+            print(f"\ninspector: {saga_id}: {exc}")
+        decided.add(saga_id)
+    return len(ready)
 
 
 def payload_for(path: str, rng: random.Random) -> dict[str, Any]:
@@ -112,6 +171,7 @@ def demo_processes(
         "inventory-a": (["inventory.commands"], "solo", 1),
         "inventory-b": (["inventory.commands"], "solo", 1),
         "payments": (["payments.commands"], "prefork", 2),
+        "returns": (["returns.commands"], "solo", 1),
     }
     # The orchestrator serves its counters (prefork: the children's, added up).
     prometheus_dir = STATE_DIR / "prometheus"
@@ -242,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("SAGA_RELAY_MIN_AGE", "2")
     os.environ.setdefault("SAGA_RELAY_INTERVAL", "1")
     os.environ.setdefault("SAGA_SAMPLE_INTERVAL", "5")  # the dashboard's history fills quickly
+    os.environ.setdefault("RETURN_INSPECTION_SECONDS", INSPECTION_SECONDS)
     token = None
     if not os.environ.get("SAGA_API_TOKENS"):
         # A token for this run only (every scope), so the dashboard reads and its buttons work.
@@ -279,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
         with saga_app.participant_engine("inventory").begin() as conn:
             conn.execute(text("TRUNCATE inventory.reservation"))
         with saga_app.participant_engine("payments").begin() as conn:
-            conn.execute(text("TRUNCATE payments.authorization"))
+            conn.execute(text("TRUNCATE payments.authorization, payments.refund"))
         seed(saga_app.participant_engine)
         ok = stream(saga_app, args, supervisor)
         flower = f"http://{args.flower_address}:{args.flower_port}"
@@ -314,6 +375,7 @@ def stream(app: Any, args: argparse.Namespace, supervisor: Supervisor) -> bool:
     weights = [p.weight for p in PATHS]
     run_id = time.strftime("%Y%m%d%H%M%S")
     planned: dict[str, DemoPath] = {}
+    decided: set[str] = set()
     duplicates_refused = 0
     rate = args.rate
     if rate is None:
@@ -328,13 +390,16 @@ def stream(app: Any, args: argparse.Namespace, supervisor: Supervisor) -> bool:
         )
     interval = 1.0 / rate
     started_at = time.monotonic()
-    print(f"starting {args.sagas} order sagas at {rate}/s ...")
+    print(f"starting {args.sagas} order and return sagas at {rate}/s ...")
     with progress_line() as show:
         for i in range(args.sagas):
             path = rng.choices(PATHS, weights)[0]
             key = f"demo-{run_id}-{i:05d}"
-            payload = payload_for(path.name, rng)
-            handle = app.start_saga("order", key, payload)
+            if path.saga_type == "return":
+                payload = return_payload(path.name, key, rng)
+            else:
+                payload = payload_for(path.name, rng)
+            handle = app.start_saga(path.saga_type, key, payload)
             planned[handle.saga_id] = path
             if path.name == "duplicate_start":
                 again = app.start_saga("order", key, payload)
@@ -343,9 +408,11 @@ def stream(app: Any, args: argparse.Namespace, supervisor: Supervisor) -> bool:
             if delay > 0:
                 time.sleep(delay)
             if i % 10 == 0:
+                inspect_waiting(app, planned, decided)
                 show(f"started {i + 1}/{args.sagas}  {_counts_text(app, planned)}")
         deadline = time.monotonic() + args.timeout
         while True:
+            inspect_waiting(app, planned, decided)
             counts = _status_counts(app, planned)
             show(f"started {args.sagas}/{args.sagas}  {_counts_text(app, planned, counts)}")
             if sum(counts.get(s, 0) for s in (*TERMINAL_SAGA, SagaStatus.MANUAL_REVIEW)) == len(

@@ -66,3 +66,33 @@ def started_by_slot(conn: Connection, bucket_seconds: int, since: datetime) -> l
             {"b": bucket_seconds, "since": since},
         ).all()
     )
+
+
+def waiting_for_people(
+    conn: Connection, human: list[tuple[str, int, str]], limit: int
+) -> list[dict[str, Any]]:
+    """Running sagas whose human step (``(saga_type, version, step)``) waits for a
+    decision, the longest waiting first: from the running sagas (status index) to their
+    step row (primary key)."""
+    pairs = ", ".join(f"(:t{i}, :v{i}, :s{i})" for i in range(len(human)))
+    params: dict[str, Any] = {"limit": limit}
+    for i, (saga_type, version, step) in enumerate(human):
+        params |= {f"t{i}": saga_type, f"v{i}": version, f"s{i}": step}
+    rows = conn.execute(
+        text(
+            f"""
+            SELECT i.saga_id::text AS saga_id, i.saga_type, i.business_key, s.step,
+                   s.requested_at, s.deadline, s.last_error = 'escalated' AS escalated
+            FROM (VALUES {pairs}) AS h(saga_type, version, step)
+            JOIN saga.saga_instance i
+              ON i.status = 'RUNNING' AND i.saga_type = h.saga_type
+             AND i.definition_version = h.version
+            JOIN saga.saga_step s ON s.saga_id = i.saga_id AND s.step = h.step
+            WHERE s.status = 'REQUESTED'
+            ORDER BY s.requested_at
+            LIMIT :limit
+            """  # noqa: S608 - only placeholders are formatted in
+        ),
+        params,
+    )
+    return [dict(r._mapping) for r in rows]

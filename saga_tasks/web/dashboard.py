@@ -22,8 +22,9 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from saga_tasks.app import SagaApp
+from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.states import SagaStatus
-from saga_tasks.errors import SagaNotFound
+from saga_tasks.errors import SagaNotFound, UnknownDefinitionVersion
 from saga_tasks.ops.views import list_view, saga_view, stuck
 from saga_tasks.persistence import dispatch, samples
 from saga_tasks.persistence import status as status_sql
@@ -103,6 +104,7 @@ def mount(web: FastAPI, app: SagaApp) -> None:
             recent=recent["sagas"],
             held=_held_counts(app),
             flow=_flow(app),
+            people=_waiting_for_people(app),
             filters={
                 "status": status.value if status else "",
                 "type": saga_type or "",
@@ -120,7 +122,14 @@ def mount(web: FastAPI, app: SagaApp) -> None:
             view = saga_view(app, saga_id)
         except SagaNotFound as exc:
             return page("missing.html", 404, what=str(exc))
-        return page("saga.html", saga=view, timeline=_timeline(view), statuses=STATUS_ORDER)
+        return page(
+            "saga.html",
+            saga=view,
+            timeline=_timeline(view),
+            graph=_graph(app, view),
+            signals=_signals(app, view),
+            statuses=STATUS_ORDER,
+        )
 
     @web.get("/ui/held", response_class=HTMLResponse, include_in_schema=False)
     def held_page(
@@ -135,6 +144,91 @@ def mount(web: FastAPI, app: SagaApp) -> None:
                 conn, holding, None if status == "all" else status, 200
             )
         return page("held.html", rows=rows, holding=holding, status=status, held=_held_counts(app))
+
+
+def _definition(app: SagaApp, view: dict[str, Any]) -> SagaDefinition | None:
+    try:
+        return app.registry.get(view["saga_type"], view["definition_version"])
+    except UnknownDefinitionVersion:
+        return None
+
+
+def _graph(app: SagaApp, view: dict[str, Any]) -> dict[str, Any] | None:
+    """The saga's steps as a graph, left to right by depth, each node in its step's state;
+    an edge into a conditional step carries its condition. None when the definition is
+    not loaded here (the steps table still says everything)."""
+    definition = _definition(app, view)
+    if definition is None:
+        return None
+    depth: dict[str, int] = {}
+    for s in definition.steps:  # dependency order: parents first
+        depth[s.name] = max((depth[p] + 1 for p in definition.parents[s.name]), default=0)
+    rows: dict[int, int] = {}
+    place: dict[str, tuple[int, int]] = {}
+    for s in definition.steps:
+        row = rows.get(depth[s.name], 0)
+        rows[depth[s.name]] = row + 1
+        place[s.name] = (depth[s.name], row)
+    status = {st["step"]: st["status"] for st in view["steps"]}
+    w, h, gap_x, gap_y = 150, 44, 60, 22
+    nodes = [
+        {
+            "step": s.name,
+            "status": status.get(s.name, "PENDING"),
+            "x": 10 + place[s.name][0] * (w + gap_x),
+            "y": 10 + place[s.name][1] * (h + gap_y),
+            "kind": "human" if s.human else ("pivot" if s.pivot else "step"),
+            "note": "pivot" if s.pivot else ("a person" if s.human else s.queue),
+        }
+        for s in definition.steps
+    ]
+    at = {n["step"]: n for n in nodes}
+    edges = [
+        {
+            "x1": at[p]["x"] + w,
+            "y1": at[p]["y"] + h / 2,
+            "x2": at[s.name]["x"],
+            "y2": at[s.name]["y"] + h / 2,
+            "when": str(s.when) if s.when is not None else "",
+        }
+        for s in definition.steps
+        for p in definition.parents[s.name]
+    ]
+    return {
+        "nodes": nodes,
+        "edges": edges,
+        "w": w,
+        "h": h,
+        "width": 20 + (max(depth.values()) + 1) * (w + gap_x) - gap_x,
+        "height": 20 + max(rows.values()) * (h + gap_y) - gap_y,
+    }
+
+
+def _signals(app: SagaApp, view: dict[str, Any]) -> list[dict[str, Any]]:
+    """The human steps waiting for a person's decision, with the fields their schema asks."""
+    definition = _definition(app, view)
+    if definition is None or view["status"] not in ("RUNNING", "COMPENSATING"):
+        return []
+    waiting = []
+    for st in view["steps"]:
+        s = definition.by_name.get(st["step"])
+        if s is None or s.human is None or st["status"] != "REQUESTED":
+            continue
+        schema = getattr(s.human.schema, "__self__", None)  # a pydantic model_validate
+        fields = list(getattr(schema, "model_fields", {}) or {})
+        waiting.append({"step": s.name, "schema": s.human.schema_name, "fields": fields})
+    return waiting
+
+
+def _waiting_for_people(app: SagaApp) -> list[dict[str, Any]]:
+    """Sagas whose human step waits for a decision, the longest waiting first."""
+    human = sorted(
+        (d.saga_type, d.version, s.name) for d in app.registry for s in d.steps if s.human
+    )
+    if not human:
+        return []
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        return status_sql.waiting_for_people(conn, human, limit=50)
 
 
 def _counts(app: SagaApp) -> dict[str, int]:

@@ -25,7 +25,7 @@
   }
 
   async function post(url, body) {
-    const result = document.getElementById("result");
+    const result = document.getElementById("result") || document.getElementById("signal-result");
     result.className = "";
     result.textContent = "…";
     const response = await fetch(url, {
@@ -52,8 +52,24 @@
 
   // Delegated: the buttons may arrive with a page swapped in after load.
   document.addEventListener("click", (event) => {
-    const button = event.target.closest("button[data-action], button[data-held]");
+    const button = event.target.closest("button[data-action], button[data-held], button[data-signal]");
     if (!button) return;
+    if (button.dataset.signal) {
+      const ref = document.getElementById("saga-ref").dataset;
+      let data;
+      try {
+        data = JSON.parse(val("signal-data") || "{}");
+      } catch (error) {
+        const result = document.getElementById("result");
+        result.className = "error";
+        result.textContent = "The data is not JSON: " + error.message;
+        return;
+      }
+      const url = "/sagas/" + encodeURIComponent(ref.sagaId) + "/steps/" +
+        encodeURIComponent(button.dataset.signal) + "/signal";
+      post(url, {data: data, reason: val("signal-reason"), expect_version: Number(ref.sagaVersion)});
+      return;
+    }
     if (button.dataset.action) {
       const action = button.dataset.action;
       const ref = document.getElementById("saga-ref").dataset;

@@ -1,0 +1,72 @@
+"""A person's decision over HTTP and on the dashboard: the waiting list, the form, the
+graph of the saga's steps, and the refusals that leave the saga unchanged."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from saga_tasks.core.states import SagaStatus, StepStatus
+from saga_tasks.web import create_web_app
+from tests.helpers import ANA_TOKEN, pump
+
+AUTH = {"Authorization": f"Bearer {ANA_TOKEN}"}
+RETURN = {"return_id": "r-1", "order_ref": "o-1", "customer_id": "c-1", "sku": "sku-1",
+          "qty": 1, "amount_cents": 500}  # fmt: skip
+
+
+@pytest.fixture
+def waiting(order_app, settings):
+    handle = order_app.start_saga("return", "r-1", RETURN)
+    pump(order_app, settings.broker_url)
+    assert order_app.orchestrator.get(handle.saga_id).steps["inspect"].status is (
+        StepStatus.REQUESTED
+    )
+    return handle.saga_id
+
+
+def _node(html: str, step: str) -> str:
+    found = re.search(rf'data-step="{step}" data-status="(\w+)"', html)
+    assert found, f"no node for {step}"
+    return found.group(1)
+
+
+def test_a_decision_over_http_and_what_the_dashboard_shows(order_app, settings, waiting):
+    saga_id = waiting
+    url = f"/sagas/{saga_id}/steps/inspect/signal"
+    with TestClient(create_web_app(order_app)) as anonymous:
+        assert anonymous.post(url, json={"data": {}, "reason": "x"}).status_code == 401
+    with TestClient(create_web_app(order_app), headers=AUTH) as client:
+        overview = client.get("/").text
+        assert 'id="people"' in overview and saga_id[:8] in overview
+        page = client.get(f"/ui/sagas/{saga_id}").text
+        assert 'id="signal-inspect"' in page and "decision" in page
+        assert _node(page, "inspect") == "REQUESTED"
+        assert _node(page, "create_return") == "SUCCEEDED"
+        before = order_app.orchestrator.get(saga_id).version
+
+        bad = client.post(url, json={"data": {"decision": "perhaps"}, "reason": "looked"})
+        assert bad.status_code == 422 and bad.json()["type"].endswith("/invalid-payload")
+        assert "decision" in bad.json()["detail"] and "perhaps" not in bad.json()["detail"]
+        not_human = client.post(
+            f"/sagas/{saga_id}/steps/refund/signal", json={"data": {}, "reason": "x"}
+        )
+        assert not_human.status_code == 409
+        assert order_app.orchestrator.get(saga_id).version == before, "refusals change nothing"
+
+        done = client.post(url, json={"data": {"decision": "rejected"}, "reason": "worn"})
+        assert done.status_code == 200, done.text
+        signalled = [h for h in done.json()["history"] if h["event"] == "step_signalled"]
+        assert signalled[0]["actor"] == "ana"
+        again = client.post(url, json={"data": {"decision": "rejected"}, "reason": "retry"})
+        assert again.status_code == 200, "the same decision again is a duplicate, not an error"
+        pump(order_app, settings.broker_url)
+        state = order_app.orchestrator.get(saga_id)
+        assert state.status is SagaStatus.COMPLETED
+        page = client.get(f"/ui/sagas/{saga_id}").text
+        assert _node(page, "refund") == "SKIPPED" and _node(page, "send_back") == "SUCCEEDED"
+        assert "inspect.decision == &#39;accepted&#39;" in page, "conditions on the edges"
+        assert 'id="signal-inspect"' not in page
+        assert 'id="people"' not in client.get("/").text, "nobody's decision is awaited now"
