@@ -66,7 +66,7 @@ def test_broker_users_makes_each_service_user_once_with_its_env_file(service_use
     again = service_users.users("--json")
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)
-    services = ["orchestrator", "inventory", "orders", "payments"]
+    services = ["orchestrator", "inventory", "orders", "payments", "returns"]
     assert [u["service"] for u in report["users"]] == services
     assert {u["password"] for u in report["users"]} == {"kept"}  # idempotent
     for service in ServiceUsers.SERVICES:
