@@ -37,5 +37,12 @@ class Registry:
                 f"saga type {saga_type!r} version {version} is not loaded in this process"
             ) from None
 
+    def loaded(self, saga_type: str, version: int) -> bool:
+        return (saga_type, version) in self._by_version
+
+    def versions(self, saga_type: str) -> tuple[int, ...]:
+        """The versions of ``saga_type`` this process has loaded, lowest first."""
+        return tuple(sorted(v for t, v in self._by_version if t == saga_type))
+
     def __iter__(self) -> Iterator[SagaDefinition]:
         return iter(self._by_version.values())
