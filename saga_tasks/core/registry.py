@@ -33,8 +33,10 @@ class Registry:
         try:
             return self._by_version[(saga_type, version)]
         except KeyError:
+            loaded = ", ".join(map(str, self.versions(saga_type))) or "none"
             raise UnknownDefinitionVersion(
-                f"saga type {saga_type!r} version {version} is not loaded in this process"
+                f"saga type {saga_type!r} version {version} is not loaded in this process "
+                f"(loaded: {loaded})"
             ) from None
 
     def loaded(self, saga_type: str, version: int) -> bool:
