@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from saga_tasks import equals, human_step
 from saga_tasks.core.decider import migrate
 from saga_tasks.core.decider.migrate import MIGRATED
 from saga_tasks.core.definitions import SagaDefinition, Step, saga, step
@@ -34,31 +35,50 @@ from tests.unit.sagas import Driver, check, linear
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+VALUES = st.sampled_from(["a", "b", 1, None])
+
+
 @st.composite
 def definitions(draw: st.DrawFn) -> SagaDefinition:
+    """Random DAGs of participant and human steps, some with conditions, one maybe a pivot."""
     n = draw(st.integers(min_value=1, max_value=5))
+    pivot = draw(st.integers(0, 2 * n))  # a pivot one time in two
     steps = []
+    ancestors: dict[str, set[str]] = {}
     for i in range(n):
-        parents = draw(st.sets(st.integers(0, i - 1), max_size=2)) if i else set()
+        picked = draw(st.sets(st.integers(0, i - 1), max_size=2)) if i else set()
+        parents = [f"s{p}" for p in sorted(picked)]
+        ancestors[f"s{i}"] = set(parents).union(*(ancestors[p] for p in parents))
+        readable = ["payload", *sorted(ancestors[f"s{i}"])]
+        when = (
+            equals(f"{draw(st.sampled_from(readable))}.v", draw(VALUES))
+            if draw(st.integers(0, 3)) == 0
+            else None
+        )
+        common = {"depends_on": parents, "when": when, "pivot": i == pivot}
+        if i and draw(st.integers(0, 4)) == 0:
+            steps.append(human_step(f"s{i}", timeout=10, on_timeout="manual_review", **common))
+            continue
         steps.append(
             step(
                 f"s{i}",
                 f"p.do{i}",
                 compensation=f"p.undo{i}" if draw(st.integers(0, 3)) else None,
                 queue=f"q{i % 2}.commands",
-                depends_on=[f"s{p}" for p in sorted(parents)],
                 timeout=draw(st.sampled_from([5.0, 10.0])),
                 retry=draw(st.integers(1, 2)),
+                **common,
             )
         )
     return saga("versioned", *steps, timeout=120)
 
 
 def driven(defn: SagaDefinition, data: st.DataObject) -> Driver:
-    """A saga of ``defn`` moved by random answers and deadlines: a state the shell stores."""
-    d = Driver(defn)
+    """A saga of ``defn`` moved by random answers, signals and deadlines: a state the shell
+    stores."""
+    d = Driver(defn, payload={"v": data.draw(VALUES, label="payload")})
     d.start()
-    for _ in range(data.draw(st.integers(0, 8), label="events")):
+    for _ in range(data.draw(st.integers(0, 5), label="events")):
         in_flight = [n for n, s in d.state.steps.items() if s.status in IN_FLIGHT or s.fencing]
         if d.state.status in TERMINAL_SAGA or not in_flight:
             break
@@ -67,11 +87,16 @@ def driven(defn: SagaDefinition, data: st.DataObject) -> Driver:
             continue
         name = data.draw(st.sampled_from(in_flight), label="step")
         st_ = d.state.steps[name]
+        value = {"v": data.draw(VALUES, label="result")}
+        if defn.step(name).human is not None and st_.status is StepStatus.REQUESTED:
+            if d.state.status in (SagaStatus.RUNNING, SagaStatus.COMPENSATING):
+                d.signal(name, value)
+            continue
         kind = (
             MessageKind.COMMAND if st_.status is StepStatus.REQUESTED else MessageKind.COMPENSATION
         )
         outcome = data.draw(st.sampled_from([*[Outcome.SUCCESS] * 5, Outcome.FAILURE]))
-        d.apply(d.reply(name, outcome, kind=kind))
+        d.apply(d.reply(name, outcome, kind=kind, result=value))
     return d
 
 
@@ -80,12 +105,19 @@ def versions(draw: st.DrawFn, old: SagaDefinition) -> SagaDefinition:
     """Version 2 of ``old``: steps kept, changed or dropped, new ones added."""
     kept: list[Step] = []
     for s in old.steps:
-        fate = draw(st.sampled_from(["keep", "keep", "keep", "change", "drop"]), label=s.name)
+        fate = draw(st.sampled_from([*["keep"] * 5, "change", "drop"]), label=s.name)
         if fate == "drop":
             continue
         kept.append(replace(s, timeout=s.timeout + timedelta(seconds=1)) if fate == "change" else s)
     names = {s.name for s in kept}
-    kept = [replace(s, depends_on=tuple(p for p in s.depends_on if p in names)) for s in kept]
+    # A step whose parents changed keeps no condition: it might read a step no longer
+    # among its ancestors.
+    kept = [
+        s
+        if set(s.depends_on) <= names
+        else replace(s, depends_on=tuple(p for p in s.depends_on if p in names), when=None)
+        for s in kept
+    ]
     for j in range(draw(st.integers(0, 2), label="added")):
         parents = draw(st.sets(st.sampled_from(sorted(names)), max_size=2)) if names else set()
         kept.append(
@@ -258,3 +290,46 @@ def test_steps_new_to_a_compensating_saga_are_skipped():
     decision = migrated(old, new, d.state)
     assert decision.state.steps["audit"].status is StepStatus.SKIPPED
     assert decision.commands == ()
+
+
+def test_a_branch_not_taken_is_not_a_compensation_begun():
+    """A step skipped by its condition leaves the saga going forward: steps new to it
+    start PENDING and are sent once ready."""
+    old = saga(
+        "branchy",
+        step("a", "p.a", compensation="p.ua", queue="p.commands"),
+        step("b", "p.b", queue="p.commands", depends_on=["a"], when=equals("payload.v", 2)),
+        step("c", "p.c", compensation="p.uc", queue="p.commands", depends_on=["a"]),
+    )
+    d = Driver(old, payload={"v": 1})
+    d.start()
+    d.succeed("a")  # b not taken, c in flight
+    assert d.state.steps["b"].not_taken
+    extra = step("audit", "p.audit", queue="p.commands", depends_on=["a"])
+    new = saga("branchy", *old.steps, extra, version=2)
+    decision = migrated(old, new, d.state)
+    assert decision.state.steps["audit"].status is StepStatus.REQUESTED
+    assert [c.step for c in decision.commands] == ["audit"]
+
+
+def test_a_human_step_built_again_from_the_same_schema_is_unchanged():
+    from pydantic import BaseModel
+
+    class Inspection(BaseModel):
+        decision: str
+
+    def version(n: int, escalate: float) -> SagaDefinition:
+        return saga(
+            "inspected",
+            step("receive", "w.receive", compensation="w.undo", queue="w.commands"),
+            human_step("inspect", schema=Inspection, timeout=60, escalate_after=escalate),
+            version=n,
+        )
+
+    old = version(1, 30)
+    d = Driver(old)
+    d.start()
+    d.succeed("receive")  # inspect waits for a person
+    assert migrated(old, version(2, 30), d.state).state.definition_version == 2
+    with pytest.raises(ActionRefused, match=r"'inspect' is REQUESTED and differs there \(human"):
+        migrated(old, version(2, 45), d.state)

@@ -3,17 +3,19 @@
 Versions of a saga type run side by side: new sagas take the newest, running ones keep
 theirs. An operator may move one saga to another version when nothing it has done would
 mean something else there: every step that has left PENDING must exist in the target
-version unchanged (action, compensation, queue, timeout, policies, dependencies), so its
-command ids, the messages in flight and the compensations to come stay valid. What the
-saga has not reached is taken from the target: its new steps start PENDING (SKIPPED once
-compensation has begun, as ``begin_compensation`` leaves steps never sent), and PENDING
-steps it lacks are dropped. A refusal raises ``ActionRefused`` naming the first step that
-differs and how; nothing is written.
+version unchanged (action, compensation, queue, timeout, policies, dependencies,
+condition, pivot, human task), so its command ids, the messages in flight and the
+compensations to come stay valid. A step not taken (its condition did not hold) has left
+PENDING too: another condition could have taken it. What the saga has not reached is
+taken from the target: its new steps start PENDING (SKIPPED once compensation has begun,
+as ``begin_compensation`` leaves steps never sent), and PENDING steps it lacks are
+dropped. A refusal raises ``ActionRefused`` naming the first step that differs and how;
+nothing is written.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields, is_dataclass, replace
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -59,7 +61,7 @@ def migrate(
         )
     _refuse_unless_compatible(old, new, state, actor, reason)
     begun = state.status is SagaStatus.COMPENSATING or any(
-        st.status in _COMPENSATION_BEGUN for st in state.steps.values()
+        st.status in _COMPENSATION_BEGUN and not st.not_taken for st in state.steps.values()
     )
     fresh = StepState(status=StepStatus.SKIPPED if begun else StepStatus.PENDING)
     steps = {s.name: state.steps.get(s.name, fresh) for s in new.steps}
@@ -108,7 +110,7 @@ def _refuse_unless_compatible(
                 f"{target}: step {s.name!r} is {st.status.value} and version {new.version} "
                 "has no such step"
             )
-        if there != s:
+        if _comparable(there) != _comparable(s):
             raise ActionRefused(
                 f"{target}: step {s.name!r} is {st.status.value} and differs there "
                 f"({differences(s, there)})"
@@ -119,8 +121,16 @@ def _refuse_unless_compatible(
         raise ActionRefused(f"{target}: the saga's payload does not fit it ({exc})") from None
 
 
+def _comparable(s: Step) -> Step:
+    """``s`` with what two builds of one definition make differently left out: a human
+    step's schema is a validator made per build (of one pydantic model, say), so it is
+    compared by its name."""
+    return s if s.human is None else replace(s, human=replace(s.human, schema=None))
+
+
 def differences(a: Step, b: Step) -> str:
     """What makes two steps of one name unequal, field by field: ``timeout 30 s -> 60 s``."""
+    a, b = _comparable(a), _comparable(b)
     return "; ".join(
         f"{f.name} {_shown(getattr(a, f.name))} -> {_shown(getattr(b, f.name))}"
         for f in fields(Step)
@@ -135,4 +145,7 @@ def _shown(value: Any) -> str:
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, Enum):
         return str(value.value)
+    if is_dataclass(value) and type(value).__str__ is object.__str__:  # a policy, a human task
+        shown = (f"{f.name}={_shown(getattr(value, f.name))}" for f in fields(value) if f.compare)
+        return f"{type(value).__name__}({', '.join(shown)})"
     return "none" if value is None else str(value)
