@@ -33,9 +33,18 @@ class Registry:
         try:
             return self._by_version[(saga_type, version)]
         except KeyError:
+            loaded = ", ".join(map(str, self.versions(saga_type))) or "none"
             raise UnknownDefinitionVersion(
-                f"saga type {saga_type!r} version {version} is not loaded in this process"
+                f"saga type {saga_type!r} version {version} is not loaded in this process "
+                f"(loaded: {loaded})"
             ) from None
+
+    def loaded(self, saga_type: str, version: int) -> bool:
+        return (saga_type, version) in self._by_version
+
+    def versions(self, saga_type: str) -> tuple[int, ...]:
+        """The versions of ``saga_type`` this process has loaded, lowest first."""
+        return tuple(sorted(v for t, v in self._by_version if t == saga_type))
 
     def __iter__(self) -> Iterator[SagaDefinition]:
         return iter(self._by_version.values())

@@ -58,3 +58,26 @@ def signal(
         saga_id, step, data, actor=actor, reason=reason, expect_version=expect_version
     )
     return saga_view(app, saga_id)
+
+
+def migrate(
+    app: SagaApp,
+    saga_id: str,
+    to_version: int,
+    *,
+    actor: str,
+    reason: str,
+    expect_version: int | None = None,
+) -> dict[str, Any]:
+    """Move a saga to another loaded version of its definition; return it as ``show``
+    prints it."""
+    if not actor.strip() or not reason.strip():
+        raise InputError("a migration needs --actor and --reason")
+    app.orchestrator.migrate(
+        saga_id,
+        to_version,
+        actor=actor.strip(),
+        reason=reason.strip(),
+        expect_version=expect_version,
+    )
+    return saga_view(app, saga_id)

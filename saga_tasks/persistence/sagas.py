@@ -377,13 +377,14 @@ def _to_state(rows: Sequence[Row[Any]], head: Mapping[Any, Any] | None = None) -
 def _write_changes_sql() -> Prepared:
     cas = """UPDATE saga.saga_instance AS s
        SET status = v.status, status_reason = v.status_reason, version = v.version,
+           definition_version = v.definition_version,
            deadline = v.deadline, next_wake_at = v.next_wake_at,
            updated_at = coalesce(v.updated_at, :now),
            finished_at = v.finished_at
        FROM jsonb_to_recordset(CAST(:sagas AS jsonb)) AS v(
            saga_id uuid, old_version bigint, status text, status_reason text,
-           version bigint, deadline timestamptz, next_wake_at timestamptz,
-           finished_at timestamptz, updated_at timestamptz)
+           version bigint, definition_version integer, deadline timestamptz,
+           next_wake_at timestamptz, finished_at timestamptz, updated_at timestamptz)
        WHERE s.saga_id = ANY(CAST(:saga_ids AS uuid[]))
          AND s.saga_id = v.saga_id AND s.version = v.old_version
        RETURNING 1"""
@@ -452,6 +453,7 @@ class Changes:
                 "status": new.status.value,
                 "status_reason": new.reason,
                 "version": new.version,
+                "definition_version": new.definition_version,  # moved only by a migration
                 "deadline": new.deadline,
                 "next_wake_at": new.next_wake_at(),
                 "finished_at": new.finished_at,

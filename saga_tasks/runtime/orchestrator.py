@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 
 from saga_tasks.core.clock import Clock
-from saga_tasks.core.decider import CommandIntent, Decision, decide
+from saga_tasks.core.decider import CommandIntent, Decision, decide, migrate
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.events import (
     DeadLettered,
@@ -49,7 +49,7 @@ from saga_tasks.errors import (
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
 from saga_tasks.observability import metrics, tracing
 from saga_tasks.observability.tracing import OFF, Tracing
-from saga_tasks.persistence import sagas
+from saga_tasks.persistence import sagas, versions
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import ORCHESTRATOR, saga_outbox
 from saga_tasks.runtime import invalid
@@ -473,15 +473,7 @@ class Orchestrator:
     ) -> tuple[list[OutboundMessage], SagaState]:
         """``act`` inside the caller's transaction; the caller publishes after commit."""
         now = self.clock.now()
-        state = sagas.lock(conn, saga_id)
-        if state is None:
-            raise SagaNotFound(f"no saga {saga_id}")
-        if expect_version is not None and state.version != expect_version:
-            raise VersionMismatch(
-                f"saga {saga_id} is at version {state.version}, not {expect_version}; "
-                "look at it again before acting",
-                current=state.version,
-            )
+        state = _lock_at(conn, saga_id, expect_version)
         decision, messages = self._apply(conn, state, action, now, actor=action.actor)
         observe(state, decision, None)
         log.warning(
@@ -509,15 +501,7 @@ class Orchestrator:
         step's schema first (``InvalidPayload``: nothing changes); then as ``act``."""
         now = self.clock.now()
         with translated(self.engine.url), self.engine.begin() as conn:
-            state = sagas.lock(conn, saga_id)
-            if state is None:
-                raise SagaNotFound(f"no saga {saga_id}")
-            if expect_version is not None and state.version != expect_version:
-                raise VersionMismatch(
-                    f"saga {saga_id} is at version {state.version}, not {expect_version}; "
-                    "look at it again before acting",
-                    current=state.version,
-                )
+            state = _lock_at(conn, saga_id, expect_version)
             definition = self.registry.get(state.saga_type, state.definition_version)
             target = definition.by_name.get(step)
             if target is not None and target.human is not None:
@@ -539,6 +523,42 @@ class Orchestrator:
                 ),
                 "step": step,
             },
+        )
+        self._outlet().send(saga_outbox, messages)
+        return decision.state
+
+    def migrate(
+        self, saga_id: str, to_version: int, *, actor: str, reason: str, expect_version: int | None
+    ) -> SagaState:
+        """Move a saga to version ``to_version`` of its definition, as ``act`` applies an
+        action: locked, at ``expect_version`` (None: whatever version it is at), written
+        to its history with the actor, and what it sends then published after commit.
+
+        Raises ``UnknownDefinitionVersion`` when this process does not load the saga's
+        version or the target, and ``ActionRefused`` when the saga cannot move (see
+        ``core.decider.migrate``).
+        """
+        self.get(saga_id)
+        with translated(self.engine.url), self.engine.begin() as conn:
+            state = _lock_at(conn, saga_id, expect_version)
+            now = self.clock.now()
+            old = self.registry.get(state.saga_type, state.definition_version)
+            new = self.registry.get(state.saga_type, to_version)
+            decision = migrate(old, new, state, actor=actor, reason=reason, now=now)
+            messages = self._write_decision(
+                conn, new, state, decision, now=now, causation_id=None, actor=actor
+            )
+            versions.lay_out_steps(conn, saga_id, [s.name for s in new.steps])
+        observe(state, decision, None)
+        log.warning(
+            "saga moved from version %d to %d by %s: %s",
+            old.version,
+            new.version,
+            actor,
+            reason,
+            extra=log_fields(
+                decision.state, None, status_before=state.status, status_after=decision.state.status
+            ),
         )
         self._outlet().send(saga_outbox, messages)
         return decision.state
@@ -566,6 +586,20 @@ class Orchestrator:
         if state is None:
             raise SagaNotFound(f"no saga {saga_id}")
         return state
+
+
+def _lock_at(conn: Connection, saga_id: str, expect_version: int | None) -> SagaState:
+    """Lock a saga an operator acts on; refuse if it moved since they looked."""
+    state = sagas.lock(conn, saga_id)
+    if state is None:
+        raise SagaNotFound(f"no saga {saga_id}")
+    if expect_version is not None and state.version != expect_version:
+        raise VersionMismatch(
+            f"saga {saga_id} is at version {state.version}, not {expect_version}; "
+            "look at it again before acting",
+            current=state.version,
+        )
+    return state
 
 
 def observe(before: SagaState, decision: Decision, message_id: str | None) -> None:

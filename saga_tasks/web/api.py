@@ -33,11 +33,13 @@ from saga_tasks.errors import (
     SagaOverloaded,
     SagaTasksError,
     ServiceUnavailable,
+    UnknownDefinitionVersion,
     UnknownSagaType,
     VersionMismatch,
 )
 from saga_tasks.observability.tracing import TRACEPARENT
 from saga_tasks.ops.operator import act as do
+from saga_tasks.ops.operator import migrate as migrate_saga
 from saga_tasks.ops.operator import signal as give_signal
 from saga_tasks.ops.views import held_list, held_show, list_view, saga_view
 from saga_tasks.ops.views import stuck as find_stuck
@@ -105,6 +107,8 @@ def translate(exc: SagaTasksError) -> Problem:
         )
     if isinstance(exc, ActionRefused):
         return Problem(409, "action-refused", "Action refused", str(exc))
+    if isinstance(exc, UnknownDefinitionVersion):
+        return Problem(409, "version-not-loaded", "Definition version not loaded", str(exc))
     if isinstance(exc, InputError):
         return Problem(400, "bad-request", "Bad request", str(exc))
     if isinstance(exc, SagaOverloaded):
@@ -159,6 +163,14 @@ class SignalRequest(BaseModel):
 
     data: dict[str, Any]
     reason: str = Field(min_length=1, max_length=1000)
+    expect_version: int | None = Field(default=None, ge=0)
+
+
+class MigrateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=1000)
+    to_version: int = Field(ge=1)
     expect_version: int | None = Field(default=None, ge=0)
 
 
@@ -421,6 +433,21 @@ def build(app: SagaApp) -> FastAPI:
             }
         return list_view(
             app, status=status, saga_type=saga_type, business_key=business_key, limit=limit
+        )
+
+    @web.post("/sagas/{saga_id}/migrate", tags=["operators"])
+    def migrate(
+        saga_id: Annotated[str, Path(max_length=100)], body: MigrateRequest, caller: Operator
+    ) -> dict[str, Any]:
+        """Move a saga to another version of its definition that this server loads (every
+        step it began must be there unchanged), audited with the token's actor."""
+        return migrate_saga(
+            app,
+            saga_id,
+            body.to_version,
+            actor=caller.name,
+            reason=body.reason,
+            expect_version=body.expect_version,
         )
 
     @web.post("/sagas/{saga_id}/{action}", tags=["operators"])

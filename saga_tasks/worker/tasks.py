@@ -49,6 +49,7 @@ from saga_tasks.runtime.sweeper import Sweeper
 from saga_tasks.worker.beat import beat_schedule
 from saga_tasks.worker.failures import FailurePolicy
 from saga_tasks.worker.upkeep import ParticipantUpkeep, consumed_runtimes
+from saga_tasks.worker.versions import RefuseUnloadedVersions
 
 RELAY_TASK = "saga_tasks.relay_outbox"
 SWEEP_TASK = "saga_tasks.sweep_timeouts"
@@ -95,6 +96,7 @@ def register(celery: Celery, parts: WorkerParts) -> None:
         housekeeping=HOUSEKEEPING_TASK,
     )
     celery.saga_parts = parts  # type: ignore[attr-defined]
+    celery.steps["worker"].add(RefuseUnloadedVersions)
     celery.steps["consumer"].add(DeclareTopology)
     celery.steps["consumer"].add(ParticipantUpkeep)
     base = _message_task(celery, parts.failures)

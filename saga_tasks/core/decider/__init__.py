@@ -45,9 +45,14 @@ or undone by hand), compensate, or resolve a saga in MANUAL_REVIEW to a final st
 An action the saga's state does not allow raises ``ActionRefused`` with the reason;
 nothing is written.
 
+Versions (``migrate``): an operator moves an unfinished saga to another version of its
+definition when every step it has begun is there unchanged; a running saga goes on under
+the new version at once.
+
 The modules: one for each family of events (``start``, ``replies``, ``deadlines``,
 ``dead_letters``, ``operator``), each writing through the one transition builder
-(``transitions``) that ``decision()`` freezes into the values of ``decision``;
+(``transitions``) that ``decision()`` freezes into the values of ``decision``; ``migrate``
+moves a saga to another version of its definition;
 ``progress`` moves a saga forward or back as far as its steps allow, ``commands`` sends a
 step's command, compensation or fence, and ``replay`` says what a held message is to its
 saga.
@@ -61,6 +66,7 @@ from datetime import datetime
 from saga_tasks.core.decider.dead_letters import on_dead_letter
 from saga_tasks.core.decider.deadlines import on_deadline
 from saga_tasks.core.decider.decision import CommandIntent, Decision, HistoryEntry
+from saga_tasks.core.decider.migrate import migrate
 from saga_tasks.core.decider.operator import on_operator
 from saga_tasks.core.decider.replay import replay_awaits
 from saga_tasks.core.decider.replies import on_reply
@@ -80,7 +86,15 @@ from saga_tasks.core.events import (
 from saga_tasks.core.model import SagaState
 from saga_tasks.core.states import Classification, SagaStatus
 
-__all__ = ["CommandIntent", "Decision", "HistoryEntry", "decide", "hand_over", "replay_awaits"]
+__all__ = [
+    "CommandIntent",
+    "Decision",
+    "HistoryEntry",
+    "decide",
+    "hand_over",
+    "migrate",
+    "replay_awaits",
+]
 
 
 def decide(definition: SagaDefinition, state: SagaState, event: Event, now: datetime) -> Decision:

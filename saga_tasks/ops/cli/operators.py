@@ -117,6 +117,43 @@ def resolve(
          expect_version=expect_version, resolution=resolution)  # fmt: skip
 
 
+@click.command("migrate")
+@click.argument("saga_id")
+@click.option(
+    "--to-version",
+    type=click.IntRange(min=1),
+    required=True,
+    help="The definition version to move to; this process must load it.",
+)
+@click.option("--actor", required=True, help="Who acts; written to the saga's history.")
+@click.option("--reason", required=True, help="Why; written to the saga's history.")
+@click.option(
+    "--expect-version",
+    type=int,
+    help="The saga version you decided on (see show); a newer one refuses the migration.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the saga as JSON.")
+@click.pass_obj
+def migrate(
+    obj: Context,
+    *,
+    saga_id: str,
+    to_version: int,
+    actor: str,
+    reason: str,
+    expect_version: int | None,
+    as_json: bool,
+) -> None:
+    """Move a saga to another version of its definition (every step it began unchanged)."""
+    from saga_tasks.ops.operator import migrate as migrate_saga
+
+    app = obj.app()
+    with errors():
+        view = migrate_saga(app, saga_id, to_version, actor=actor, reason=reason,
+                            expect_version=expect_version)  # fmt: skip
+    emit(view, as_json, render_saga)
+
+
 @click.command()
 @click.option("--older-than", type=float, help="Seconds without change (default SAGA_STUCK_AFTER).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
