@@ -118,8 +118,14 @@ class SagaBeat(RedBeatScheduler):  # type: ignore[misc]
         timetable: Timetable | None = getattr(parts, "timetable", None)
         if timetable is None or not timetable.schedules:
             return interval
-        book = RedisTickBook(get_redis(self.app), self.app.redbeat_conf.key_prefix)
-        wait = fire_due(timetable, book, self._send, timetable.clock.now())
+        try:
+            book = RedisTickBook(get_redis(self.app), self.app.redbeat_conf.key_prefix)
+            wait = fire_due(timetable, book, self._send, timetable.clock.now())
+        except Exception as exc:  # noqa: BLE001 - Redis may fail in any way; beat goes on
+            log.error(
+                "cannot read or note the schedules' ticks (%s): next pass", type(exc).__name__
+            )
+            return interval
         return interval if wait is None else max(min(interval, wait), 0.0)
 
     def _send(self, schedule: Schedule, tick: datetime, missed: int) -> None:
