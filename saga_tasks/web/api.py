@@ -39,7 +39,7 @@ from saga_tasks.errors import (
 from saga_tasks.observability.tracing import TRACEPARENT
 from saga_tasks.ops.operator import act as do
 from saga_tasks.ops.operator import signal as give_signal
-from saga_tasks.ops.views import held_list, held_show, list_view, saga_view
+from saga_tasks.ops.views import held_list, held_show, list_view, saga_view, schedules_view
 from saga_tasks.ops.views import stuck as find_stuck
 from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
@@ -422,6 +422,12 @@ def build(app: SagaApp) -> FastAPI:
         return list_view(
             app, status=status, saga_type=saga_type, business_key=business_key, limit=limit
         )
+
+    @web.get("/schedules", tags=["sagas"])
+    def schedules(_caller: Reader) -> dict[str, Any]:
+        """The sagas started on a schedule: each schedule's saga type, cron or interval,
+        next run, and last run (tick, saga and its status, or why it started none)."""
+        return schedules_view(app)
 
     @web.post("/sagas/{saga_id}/{action}", tags=["operators"])
     def act(

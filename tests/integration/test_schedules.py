@@ -239,12 +239,15 @@ def test_saga_tasks_schedules_lists_next_and_last_runs(app, clock, isolation):
     assert none.returncode == 0 and "no schedules" in none.stdout
 
 
-def test_the_dashboard_shows_the_schedules(app, clock):
+def test_the_dashboard_and_the_api_show_the_schedules(app, clock):
     every = app.timetable.by_name["every-second"]
     started = app.timetable.fire(every.name, format_tick(every.tick_at(clock.now())))
     with TestClient(create_web_app(app)) as client:
         shell = client.get("/ui/schedules")
         page = client.get("/ui/schedules", headers=AUTH)
+        assert client.get("/schedules").status_code == 401
+        api = client.get("/schedules", headers=AUTH).json()
+    assert api["schedules"][0]["last_run"]["saga_id"] == started.saga_id, "the API: the same view"
     assert shell.status_code == 401 and started.saga_id not in shell.text
     assert page.status_code == 200
     row = page.text.split('data-schedule="every-second"')[1].split("</tr>")[0]
