@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 from saga_tasks import SagaApp, saga, schedule, step
 from saga_tasks.core.schedules import format_tick
+from saga_tasks.messaging.admin import queue_depths
 from saga_tasks.messaging.topology import declare_topology
 from saga_tasks.web import create_web_app
 from tests.helpers import ANA_TOKEN, rows, scalar
@@ -67,6 +68,10 @@ def test_a_tick_fired_twice_starts_one_saga(app, clock):
     (run,) = runs(app, s.name)
     assert run["tick"] == tick and str(run["saga_id"]) == first.saga_id
     assert run["firings"] == 2 and run["error"] is None and run["started_at"] == clock.now()
+    # The start joined the firing's transaction; its first command left after the commit.
+    assert app.flush(), "confirmed by the broker"
+    assert scalar(app.engine, "SELECT count(*) FROM saga.outbox WHERE published_at IS NULL") == 0
+    assert queue_depths(app.settings.broker_url, ["ticks.commands"]) == {"ticks.commands": 1}
 
 
 def test_a_late_firing_starts_its_own_tick_or_none_never_the_next(app, clock):
