@@ -29,6 +29,7 @@ from saga_tasks.core.definitions import (
 )
 from saga_tasks.core.events import ReplyReceived, SignalReceived, Started
 from saga_tasks.core.model import SagaState, StepState
+from saga_tasks.core.schedules import Schedule, schedule
 from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import (
     BusinessKeyConflict,
@@ -44,6 +45,7 @@ from saga_tasks.errors import (
     MissingQueue,
     SagaNotFound,
     SagaTasksError,
+    ScheduleError,
     ServiceUnavailable,
     TransientError,
     UnknownDependency,
@@ -75,6 +77,9 @@ __all__ = [
     "negate",
     "not_equals",
     "one_of",
+    # starting sagas on a schedule
+    "Schedule",
+    "schedule",
     # writing participants
     "BusinessRejection",
     "CommandContext",
@@ -112,6 +117,7 @@ __all__ = [
     "MissingQueue",
     "SagaNotFound",
     "SagaTasksError",
+    "ScheduleError",
     "ServiceUnavailable",
     "UnknownDependency",
     "UnknownSagaType",

@@ -6,7 +6,8 @@ every process of a deployment (orchestrator, participant workers, beat, CLI, web
 each worker picks its queue with ``-Q``. Nothing below this module imports it: each
 part receives what it uses (an engine, a publisher, the clock, its settings).
 
-    saga_app = SagaApp(sagas=[ORDER_SAGA], participants=[orders, inventory, payments])
+    saga_app = SagaApp(sagas=[ORDER_SAGA], participants=[orders, inventory, payments],
+                       schedules=[schedule("nightly-refunds", "refunds", cron="0 2 * * *")])
     app = saga_app.celery        # celery -A yourmodule worker -Q saga.replies
 """
 
@@ -27,8 +28,18 @@ from saga_tasks.config import Settings
 from saga_tasks.core.clock import Clock, SystemClock
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.registry import Registry
+from saga_tasks.core.schedules import Schedule
 from saga_tasks.core.senders import Senders
-from saga_tasks.errors import ConfigurationError, CrossParticipantCompensation
+from saga_tasks.errors import (
+    ConfigurationError,
+    CrossParticipantCompensation,
+    DuplicateSchedule,
+    InvalidPayload,
+    InvalidScheduledPayload,
+    ScheduleError,
+    UnknownSagaType,
+    UnknownScheduledSaga,
+)
 from saga_tasks.messaging.admin import queue_depths
 from saga_tasks.messaging.celery_config import celery_app
 from saga_tasks.messaging.dispatcher import Dispatcher
@@ -50,6 +61,7 @@ from saga_tasks.runtime.orchestrator import Orchestrator, SagaHandle
 from saga_tasks.runtime.outlet import Outlet, SyncOutlet
 from saga_tasks.runtime.participant import ParticipantRuntime
 from saga_tasks.runtime.replay import Replayer
+from saga_tasks.runtime.schedules import Timetable
 from saga_tasks.runtime.sweeper import Sweeper
 from saga_tasks.worker.failures import Counter, FailurePolicy
 from saga_tasks.worker.tasks import WorkerParts, register
@@ -68,6 +80,7 @@ class SagaApp:
         name: str = "saga_tasks",
         migrations: Sequence[str] = (),
         hooks: Hooks = NO_HOOKS,
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
@@ -83,6 +96,9 @@ class SagaApp:
         if len(self.participants) != len(participants):
             raise ConfigurationError("two participants share a name")
         _check_owners(sagas, participants)
+        self.schedules = _check_schedules(self.registry, schedules)
+        """Sagas started on a schedule: beat fires each tick, a maintenance worker starts
+        its saga (``saga-tasks schedules`` lists them)."""
         self._owners = {
             id(t): p.name for p in participants for t in (p.ledger, p.outbox, p.redelivery)
         }
@@ -187,6 +203,9 @@ class SagaApp:
             for p in self.participants.values()
         }
         self.holding = Holding(publisher=publisher, clock=clock)
+        self.timetable = Timetable(
+            self.schedules, engine=engine, start=self.orchestrator.start, clock=clock
+        )
         self.intake = Intake(
             engine=engine,
             publisher=publisher,
@@ -329,6 +348,7 @@ class SagaApp:
                 runtimes=self.runtimes,
                 engine=lambda: self.engine,
                 flush=self.flush,
+                timetable=self.timetable,
             ),
         )
         return celery
@@ -381,6 +401,37 @@ def _check_owners(sagas: Sequence[SagaDefinition], participants: Sequence[Partic
                         f"step {s.name!r} sends {task} to {s.queue}, but {p.name} "
                         f"consumes {p.queue}",
                     )
+
+
+def _check_schedules(registry: Registry, schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:
+    """Each schedule names a loaded saga type and a payload it accepts (a fixed one is
+    checked now, a function's at each tick); no two share a name, or a saga type and key
+    (their ticks would start one saga between them)."""
+    names: set[str] = set()
+    keys: dict[tuple[str, str], str] = {}
+    for s in schedules:
+        if not isinstance(s, Schedule):
+            raise ScheduleError(str(s), "is not a Schedule (build one with schedule())")
+        if s.name in names:
+            raise DuplicateSchedule(s.name, "two schedules have this name")
+        names.add(s.name)
+        other = keys.setdefault((s.saga_type, s.key), s.name)
+        if other != s.name:
+            raise DuplicateSchedule(
+                s.name,
+                f"starts {s.saga_type} sagas under the key {s.key!r}, as {other!r} does: give "
+                "one a key of its own",
+            )
+        try:
+            definition = registry.latest(s.saga_type)
+        except UnknownSagaType as exc:
+            raise UnknownScheduledSaga(s.name, str(exc)) from None
+        if not callable(s.payload):
+            try:
+                definition.validate_payload(s.payload)
+            except InvalidPayload as exc:
+                raise InvalidScheduledPayload(s.name, str(exc)) from None
+    return tuple(schedules)
 
 
 NO_APP = (

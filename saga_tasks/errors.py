@@ -8,6 +8,12 @@
     │   │   ├── DependencyCycle
     │   │   ├── MissingQueue
     │   │   └── CrossParticipantCompensation  a step undone by another participant
+    │   ├── ScheduleError             a schedule is invalid, or does not fit its saga
+    │   │   ├── InvalidCron
+    │   │   ├── InvalidInterval
+    │   │   ├── DuplicateSchedule
+    │   │   ├── UnknownScheduledSaga
+    │   │   └── InvalidScheduledPayload
     │   ├── UnknownDefinitionVersion  a running saga's definition is not loaded here
     │   └── TopologyMismatch          a queue exists on the broker with other arguments,
     │                                 or is missing where the deploy step declares it
@@ -80,6 +86,36 @@ class CrossParticipantCompensation(DefinitionError):
     report "nothing to undo" while the effect stays, and leave its tombstone where the
     forward command never looks.
     """
+
+
+class ScheduleError(ConfigurationError):
+    """A schedule is invalid; raised when it is built or when the app is, never at run time."""
+
+    def __init__(self, schedule: str, problem: str) -> None:
+        super().__init__(f"schedule {schedule!r}: {problem}")
+        self.schedule = schedule
+        self.problem = problem
+
+
+class InvalidCron(ScheduleError):
+    """The cron expression cannot be read, or names a time that never comes (31 February)."""
+
+
+class InvalidInterval(ScheduleError):
+    """The interval (or the grace) is not a positive number of seconds, or is below what
+    beat can keep (it wakes about once a second)."""
+
+
+class DuplicateSchedule(ScheduleError):
+    """Two schedules share a name, or would start sagas of one type under one key."""
+
+
+class UnknownScheduledSaga(ScheduleError):
+    """A schedule names a saga type the app does not have."""
+
+
+class InvalidScheduledPayload(ScheduleError):
+    """A schedule's fixed payload does not satisfy its saga type's schema (or is not JSON)."""
 
 
 class UnknownDefinitionVersion(ConfigurationError):

@@ -20,6 +20,8 @@ from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, Topology
 from saga_tasks.messaging.users import broker_user
 
 CONSUMER = "saga_tasks.worker.consumer:SagaConsumer"
+BEAT_SCHEDULER = "saga_tasks.worker.scheduler:SagaBeat"
+"""Redbeat's scheduler plus the app's schedules (``SagaApp(schedules=[...])``)."""
 """The worker's consumer: parks what cannot even be decoded instead of dropping it."""
 
 
@@ -75,8 +77,8 @@ def celery_conf(settings: Settings, topology: Topology) -> dict[str, Any]:
         "worker_consumer": CONSUMER,
         "worker_hijack_root_logger": False,
         # One active beat at a time: a lease in Redis; a standby beat takes over once the
-        # lease of a dead one runs out (celery-redbeat).
-        "beat_scheduler": "redbeat.RedBeatScheduler",
+        # lease of a dead one runs out (celery-redbeat). Ours adds the app's schedules.
+        "beat_scheduler": BEAT_SCHEDULER,
         "redbeat_redis_url": settings.result_backend,
         "redbeat_key_prefix": beat_key_prefix(settings),
         # Settings refuse a lease shorter than a few of these sleeps (BEAT_LEASE_MARGIN).

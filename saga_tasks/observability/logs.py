@@ -36,6 +36,8 @@ CONTEXT_FIELDS = (
     "count",
     "unpublished",
     "outbox",
+    "schedule",
+    "tick",
 )
 
 

@@ -74,6 +74,18 @@ ADMISSION_REFUSED = Counter(
     "Saga starts refused by admission control, by type and reason (active, waiting)",
     ["saga_type", "reason"],
 )
+SCHEDULE_FIRINGS = Counter(
+    "saga_schedule_firings_total",
+    "Firings of scheduled sagas by outcome: started, existing (the tick's saga was already "
+    "started), late, failed (payload function, payload, admission), unavailable, dropped "
+    "(unknown schedule or a time that is not one of its ticks)",
+    ["schedule", "outcome"],
+)
+SCHEDULE_MISSED = Counter(
+    "saga_schedule_missed_total",
+    "Ticks of a schedule no firing started: beat was away, or they were too late",
+    ["schedule"],
+)
 
 _TIMEOUT_EVENTS = {
     "step_resent": "resent",

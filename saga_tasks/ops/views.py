@@ -12,6 +12,10 @@ Shapes (documented in the README and pinned by tests):
             held_messages: [{id, holding, status, reason, step, kind, message_id, ...}]}
     list:  {sagas: [{saga_id, saga_type, business_key, status, status_reason,
                      version, created_at, updated_at, finished_at}], count}
+    schedules: {schedules: [{name, saga_type, schedule, every_seconds, cron, key,
+                             grace_seconds, next_run, last_run, last_error}], count, now}
+           a run: {tick, business_key, saga_id, saga_status, started_at, fired_at,
+                   firings, missed_before, error}
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 from saga_tasks.app import SagaApp
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus
 from saga_tasks.persistence import held as held_sql
-from saga_tasks.persistence import reads, sagas
+from saga_tasks.persistence import reads, sagas, schedule_runs
 from saga_tasks.persistence.db import translated
 
 
@@ -216,4 +220,48 @@ def held_summary(row: dict[str, Any]) -> dict[str, Any]:
         "resolution": row["resolution"],
         "published_by": row["published_by"],
         "attested": row["attested"],
+    }
+
+
+def schedules_view(app: SagaApp) -> dict[str, Any]:
+    """Each schedule of the app: what it starts, when next, and its newest run and error."""
+    now = app.clock.now()
+    names = [s.name for s in app.schedules]
+    last: dict[str, dict[str, Any]] = {}
+    failed: dict[str, dict[str, Any]] = {}
+    if names:
+        with translated(app.settings.database_url), app.engine.connect() as conn:
+            last = schedule_runs.latest(conn, names)
+            failed = schedule_runs.latest_errors(conn, names)
+    items = [
+        {
+            "name": s.name,
+            "saga_type": s.saga_type,
+            "schedule": s.describe(),
+            "every_seconds": s.every.total_seconds() if s.every is not None else None,
+            "cron": str(s.cron) if s.cron is not None else None,
+            "key": s.key,
+            "grace_seconds": s.grace.total_seconds() if s.grace is not None else None,
+            "next_run": _iso(s.next_tick(now)),
+            "last_run": schedule_run(last.get(s.name)),
+            "last_error": schedule_run(failed.get(s.name)),
+        }
+        for s in app.schedules
+    ]
+    return {"schedules": items, "count": len(items), "now": _iso(now)}
+
+
+def schedule_run(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {
+        "tick": _iso(row["tick"]),
+        "business_key": row["business_key"],
+        "saga_id": str(row["saga_id"]) if row["saga_id"] else None,
+        "saga_status": row["saga_status"],
+        "started_at": _iso(row["started_at"]),
+        "fired_at": _iso(row["fired_at"]),
+        "firings": row["firings"],
+        "missed_before": row["missed_before"],
+        "error": row["error"],
     }

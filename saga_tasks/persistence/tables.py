@@ -335,3 +335,26 @@ dispatch_rate = Table(
     schema=SAGA_SCHEMA,
 )
 """The token bucket of each queue with a rate limit."""
+
+schedule_run = Table(
+    "schedule_run",
+    metadata,
+    Column("schedule", Text, nullable=False),
+    Column("tick", DateTime(timezone=True), nullable=False),
+    Column("saga_type", Text, nullable=False),
+    Column("business_key", Text, nullable=False),
+    Column("saga_id", UUID(as_uuid=False)),
+    Column("started_at", DateTime(timezone=True)),
+    Column("fired_at", DateTime(timezone=True), nullable=False),
+    Column("firings", Integer, nullable=False, server_default=text("1")),
+    Column("missed_before", Integer, nullable=False, server_default=text("0")),
+    Column("error", Text),
+    PrimaryKeyConstraint("schedule", "tick", name="pk_schedule_run"),
+    Index("ix_schedule_run_error", "schedule", "tick", postgresql_where=text("error IS NOT NULL")),
+    schema=SAGA_SCHEMA,
+)
+"""One row per tick of a schedule that a firing reached: the saga it started (written in
+the start's own transaction) or why it started none (``error``: late, the payload function
+raised, the payload was refused, admission control). ``firings`` > 1: the tick was fired
+again (a takeover, a redelivery) and started nothing more; ``missed_before``: ticks before
+this one that no firing started (beat away, or too late)."""

@@ -41,7 +41,7 @@ from saga_tasks.observability.tracing import TRACEPARENT
 from saga_tasks.ops.operator import act as do
 from saga_tasks.ops.operator import migrate as migrate_saga
 from saga_tasks.ops.operator import signal as give_signal
-from saga_tasks.ops.views import held_list, held_show, list_view, saga_view
+from saga_tasks.ops.views import held_list, held_show, list_view, saga_view, schedules_view
 from saga_tasks.ops.views import stuck as find_stuck
 from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
@@ -449,6 +449,12 @@ def build(app: SagaApp) -> FastAPI:
             reason=body.reason,
             expect_version=body.expect_version,
         )
+
+    @web.get("/schedules", tags=["sagas"])
+    def schedules(_caller: Reader) -> dict[str, Any]:
+        """The sagas started on a schedule: each schedule's saga type, cron or interval,
+        next run, and last run (tick, saga and its status, or why it started none)."""
+        return schedules_view(app)
 
     @web.post("/sagas/{saga_id}/{action}", tags=["operators"])
     def act(

@@ -25,7 +25,7 @@ from saga_tasks.app import SagaApp
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import SagaNotFound, UnknownDefinitionVersion
-from saga_tasks.ops.views import list_view, saga_view, stuck
+from saga_tasks.ops.views import list_view, saga_view, schedules_view, stuck
 from saga_tasks.persistence import dispatch, samples
 from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
@@ -144,6 +144,13 @@ def mount(web: FastAPI, app: SagaApp) -> None:
                 conn, holding, None if status == "all" else status, 200
             )
         return page("held.html", rows=rows, holding=holding, status=status, held=_held_counts(app))
+
+    @web.get("/ui/schedules", response_class=HTMLResponse, include_in_schema=False)
+    def schedules_page(request: Request) -> HTMLResponse:
+        if (shell := refused(request)) is not None:
+            return shell
+        view = schedules_view(app)
+        return page("schedules.html", view=view, held=_held_counts(app))
 
 
 def _definition(app: SagaApp, view: dict[str, Any]) -> SagaDefinition | None:

@@ -9,6 +9,9 @@ from saga_tasks.config import Settings
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE
 
 HOUSEKEEPING_INTERVAL = 3600.0
+FIRE_SCHEDULE_TASK = "saga_tasks.fire_schedule"
+"""The firing of one tick of a schedule: sent by beat (``saga_tasks.worker.scheduler``),
+run by a maintenance worker (``saga_tasks.runtime.schedules``)."""
 
 
 def beat_schedule(

@@ -45,8 +45,9 @@ from saga_tasks.runtime.intake import Intake
 from saga_tasks.runtime.maintenance import Maintenance
 from saga_tasks.runtime.orchestrator import Orchestrator
 from saga_tasks.runtime.participant import ParticipantRuntime
+from saga_tasks.runtime.schedules import Timetable
 from saga_tasks.runtime.sweeper import Sweeper
-from saga_tasks.worker.beat import beat_schedule
+from saga_tasks.worker.beat import FIRE_SCHEDULE_TASK, beat_schedule
 from saga_tasks.worker.failures import FailurePolicy
 from saga_tasks.worker.upkeep import ParticipantUpkeep, consumed_runtimes
 from saga_tasks.worker.versions import RefuseUnloadedVersions
@@ -81,6 +82,8 @@ class WorkerParts:
     engine: Callable[[], Any]
     flush: Callable[[], bool]
     """Wait for this process's unconfirmed publishes; False if some are left to recovery."""
+    timetable: Timetable
+    """The app's schedules: beat fires their ticks, a maintenance worker starts the sagas."""
 
 
 def register(celery: Celery, parts: WorkerParts) -> None:
@@ -228,8 +231,28 @@ def _register_orchestrator_tasks(
 
     @maintenance_task(HOUSEKEEPING_TASK)
     def housekeeping(self: Any) -> dict[str, int]:
-        """Prune what only matters for a while (redelivery counts)."""
-        return {"redeliveries_forgotten": parts.maintenance.forget_redeliveries()}
+        """Prune what only matters for a while (redelivery counts, old schedule runs)."""
+        return {
+            "redeliveries_forgotten": parts.maintenance.forget_redeliveries(),
+            "schedule_runs_forgotten": parts.timetable.forget_runs(),
+        }
+
+    # Late acks: a worker killed mid-firing leaves the firing to another; the business
+    # key makes the second one find the saga. Nothing is raised for what a firing meets.
+    @celery.task(name=FIRE_SCHEDULE_TASK, bind=True, queue=MAINTENANCE_QUEUE, acks_late=True)
+    def fire_schedule(
+        self: Any, /, schedule: str = "", tick: str = "", missed: int = 0, **_: Any
+    ) -> dict[str, Any]:
+        """Start the saga of one tick of a schedule (the tick comes with the firing)."""
+        fired = parts.timetable.fire(str(schedule), str(tick), missed=_count(missed))
+        return {"outcome": fired.outcome, "saga_id": fired.saga_id}
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _register_handler(

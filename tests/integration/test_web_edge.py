@@ -98,7 +98,13 @@ def test_dashboard_pages_send_a_strict_csp_and_refuse_framing(server, order_app)
 
     handle = order_app.start_saga("order", "csp-1", {"customer_id": "c-1",
                                   "items": [{"sku": "sku-1", "qty": 1}], "amount_cents": 100})  # fmt: skip
-    paths = ("/", f"/ui/sagas/{handle.saga_id}", "/ui/held", "/ui/sagas/no-such-saga")
+    paths = (
+        "/",
+        f"/ui/sagas/{handle.saga_id}",
+        "/ui/held",
+        "/ui/schedules",
+        "/ui/sagas/no-such-saga",
+    )
     for path, auth, expected in [
         *((p, {"Authorization": f"Bearer {ANA_TOKEN}"}, 404 if "no-such" in p else 200)
           for p in paths),

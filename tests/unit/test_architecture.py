@@ -87,6 +87,7 @@ def test_public_api_is_pinned():
     assert sorted(saga_tasks.__all__) == sorted(
         [
             "LateReplyPolicy", "RetryPolicy", "SagaDefinition", "Step", "saga", "step",
+            "Schedule", "schedule", "ScheduleError",
             "BusinessRejection", "CommandContext", "Participant", "TransientError",
             "SagaApp", "SagaHandle", "Settings", "default_app", "load_app", "start_saga",
             "CommandIntent", "Decision", "HistoryEntry", "ReplyReceived", "SagaState",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from saga_tasks.ops.cli import deploy, held, operators, sagas
+from saga_tasks.ops.cli import deploy, held, operators, sagas, schedules
 from saga_tasks.ops.cli.base import (
     EXIT_CONFIG,
     EXIT_INPUT,
@@ -50,6 +50,7 @@ main.add_command(sagas.show)
 main.add_command(sagas.list_)
 main.add_command(sagas.invalid)
 main.add_command(sagas.describe)
+main.add_command(schedules.schedules)
 main.add_command(operators.retry_step)
 main.add_command(operators.signal)
 main.add_command(operators.skip_step)
