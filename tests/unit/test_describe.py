@@ -79,3 +79,25 @@ def test_the_cli_describes_a_type_and_refuses_an_unknown_one():
     assert unknown.exit_code == 2
     version = runner.invoke(cli.main, [*app, "describe", "order", "--version", "9"])
     assert version.exit_code != 0
+
+
+def test_the_returns_saga_shows_its_branch_pivot_and_person():
+    runner = CliRunner()
+    app = ["--app", "participants.app:saga_app"]
+    shown = runner.invoke(cli.main, [*app, "describe", "return", "--json"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.output)
+    by_name = {s["name"]: s for s in data["steps"]}
+    assert data["saga_type"] == "return" and data["pivot"] == "refund"
+    assert by_name["refund"]["pivot"] and by_name["refund"]["when"] == (
+        "inspect.decision == 'accepted'"
+    )
+    assert by_name["send_back"]["when"] == "inspect.decision == 'rejected'"
+    assert by_name["inspect"]["human"]["schema"] == "Inspection"
+    assert by_name["inspect"]["human"]["on_timeout"] == "compensate"
+    assert '{{"inspect<br/>a person decides"}}' in data["mermaid"]
+    assert "<b>refund (pivot)</b>" in data["mermaid"]
+    assert "-- \"inspect.decision == 'accepted'\" -->" in data["mermaid"]
+    text = runner.invoke(cli.main, [*app, "describe", "return"])
+    assert text.exit_code == 0
+    assert "a person decides (Inspection)" in text.output and "PIVOT" in text.output

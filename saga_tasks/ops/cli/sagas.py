@@ -185,9 +185,21 @@ def describe(obj: Context, saga_type: str, version: int | None, as_json: bool) -
 
 
 def render_definition(d: dict[str, Any]) -> None:
-    click.echo(f"saga {d['saga_type']} v{d['version']}   timeout {d['timeout_seconds']:g} s")
+    pivot = f"   pivot {d['pivot']}" if d.get("pivot") else ""
+    click.echo(f"saga {d['saga_type']} v{d['version']}   timeout {d['timeout_seconds']:g} s{pivot}")
     for s in d["steps"]:
         after = ", ".join(s["depends_on"]) or "-"
+        when = f"  when {s['when']}" if s.get("when") else ""
+        human = s.get("human")
+        if human:
+            escalate = human["escalate_after_seconds"]
+            click.echo(
+                f"  {s['name']:<20} a person decides ({human['schema'] or 'any JSON object'})  "
+                f"after {after:<20} within {human['decide_within_seconds']:g} s"
+                + (f", alert after {escalate:g} s" if escalate else "")
+                + f", then {human['on_timeout']}{when}"
+            )
+            continue
         undo = s["compensation"] or "cannot be undone"
         retry = s["retry"]
         click.echo(
@@ -195,6 +207,6 @@ def render_definition(d: dict[str, Any]) -> None:
             f"after {after:<20} timeout {s['timeout_seconds']:g} s  "
             f"attempts {retry['max_attempts']} (x{retry['backoff']:g}, "
             f"up to {retry['max_interval_seconds']:g} s)  late {s['late_reply']}  "
-            f"dead letter {s['on_dead_letter']}"
+            f"dead letter {s['on_dead_letter']}{'  PIVOT' if s.get('pivot') else ''}{when}"
         )
     click.echo("\n" + d["mermaid"])
