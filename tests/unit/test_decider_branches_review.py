@@ -1,0 +1,66 @@
+"""Review of branches, the pivot and human steps: each test pins a defect found by
+trying to break them (a saga stranded, a signal refused that a client may retry, a
+branch not taken sent anyway, a pivot that succeeded after compensation began)."""
+
+from __future__ import annotations
+
+from saga_tasks.core.conditions import equals
+from saga_tasks.core.decider import replay_awaits
+from saga_tasks.core.definitions import SagaDefinition, human_step, saga, step
+from saga_tasks.core.events import DeadLettered, OperatorAction, OperatorVerb
+from saga_tasks.core.states import MessageKind, SagaStatus, StepStatus
+from tests.unit.sagas import Driver, check
+
+
+def act(d: Driver, verb: OperatorVerb, step_name: str | None = None, **kw: object):
+    return d.apply(OperatorAction(verb, actor="ana", reason="ticket 14", step=step_name, **kw))
+
+
+def returns() -> SagaDefinition:
+    """The README's returns saga, in short."""
+    return saga(
+        "return",
+        step("create", "r.create", compensation="r.cancel", queue="r.commands"),
+        human_step("inspect", timeout=100, escalate_after=40),
+        step(
+            "refund",
+            "p.refund",
+            compensation="p.void",
+            queue="p.commands",
+            when=equals("inspect.decision", "accepted"),
+            pivot=True,
+        ),
+        step("restock", "w.restock", queue="w.commands"),
+        step("notify", "r.notify", queue="r.commands", timeout=10, retry=3),
+        step(
+            "send_back",
+            "w.send_back",
+            queue="w.commands",
+            when=equals("inspect.decision", "rejected"),
+            depends_on=["inspect"],
+        ),
+        step("close_rejected", "r.close", queue="r.commands"),
+    )
+
+
+def test_a_command_dead_lettered_after_the_pivot_can_be_replayed_beside_a_branch_not_taken():
+    # After the refund (the pivot), restock's command is dead-lettered: the saga waits
+    # for a person, who replays the held command. The rejected branch was not taken
+    # (SKIPPED): that is no compensation, so the replayed command is awaited again.
+    d = Driver(returns())
+    d.start()
+    d.succeed("create")
+    d.signal("inspect", {"decision": "accepted"})
+    d.succeed("refund")
+    cid = d.state.steps["restock"].command_id
+    d.apply(DeadLettered(MessageKind.COMMAND, "restock", cid, "m-dead", "rejected", 1))
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert d.state.steps["send_back"].not_taken
+
+    assert replay_awaits(d.state, "restock", MessageKind.COMMAND, cid) == "a given-up command"
+    before = d.state
+    decision = act(d, OperatorVerb.REPLAY, "restock", message_kind=MessageKind.COMMAND,
+                   command_id=cid)  # fmt: skip
+    check(d.definition, before, decision, operator=True)
+    assert d.state.status is SagaStatus.RUNNING
+    assert d.state.steps["restock"].status is StepStatus.REQUESTED
