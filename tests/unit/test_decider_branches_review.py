@@ -8,7 +8,7 @@ from saga_tasks.core.conditions import equals
 from saga_tasks.core.decider import replay_awaits
 from saga_tasks.core.definitions import SagaDefinition, human_step, saga, step
 from saga_tasks.core.events import DeadLettered, OperatorAction, OperatorVerb
-from saga_tasks.core.states import MessageKind, SagaStatus, StepStatus
+from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from tests.unit.sagas import Driver, check
 
 
@@ -64,3 +64,18 @@ def test_a_command_dead_lettered_after_the_pivot_can_be_replayed_beside_a_branch
     check(d.definition, before, decision, operator=True)
     assert d.state.status is SagaStatus.RUNNING
     assert d.state.steps["restock"].status is StepStatus.REQUESTED
+
+
+def test_the_same_decision_again_is_a_duplicate_after_the_saga_moved_on():
+    # A client retries its signal (its first answer was lost); meanwhile the refund was
+    # declined and the saga compensates: the decision is the one taken, not a refusal.
+    d = Driver(returns())
+    d.start()
+    d.succeed("create")
+    d.signal("inspect", {"decision": "accepted"})
+    d.fail("refund")
+    assert d.state.steps["inspect"].status is StepStatus.COMPENSATION_SKIPPED
+    before = d.state
+    again = d.signal("inspect", {"decision": "accepted"})
+    assert again.classification is Classification.DUPLICATE
+    assert not again.changed and again.state == before
