@@ -79,3 +79,57 @@ def test_the_same_decision_again_is_a_duplicate_after_the_saga_moved_on():
     again = d.signal("inspect", {"decision": "accepted"})
     assert again.classification is Classification.DUPLICATE
     assert not again.changed and again.state == before
+
+
+def _pivot_beside() -> SagaDefinition:
+    """r -> (pivot, s, s2, z): steps of other branches beside the pivot."""
+    return saga(
+        "beside",
+        step("r", "p.r", compensation="p.ur", queue="q"),
+        step("pv", "p.pv", compensation="p.upv", queue="q", depends_on=["r"], pivot=True),
+        step("s", "p.s", compensation="p.us", queue="q", depends_on=["r"]),
+        step("s2", "p.s2", compensation="p.us2", queue="q", depends_on=["r"]),
+        step("z", "p.z", compensation="p.uz", queue="q", depends_on=["r"], timeout=5),
+    )
+
+
+def test_a_pivot_that_succeeds_once_compensation_began_is_compensated_like_any_step():
+    # s fails while the pivot is in flight: the saga compensates. A compensation is
+    # refused (review), and the pivot answers success then: the failure came first, so
+    # the pivot is no point of no return. Nothing may go forward, and the saga must not
+    # strand with a step waiting for a retry that no compensating saga sends.
+    defn = _pivot_beside()
+    d = Driver(defn)
+    d.start()
+    d.succeed("r")
+    d.succeed("s2")
+    d.fail("s")
+    d.compensated("s2", Outcome.FAILURE)
+    d.succeed("pv")
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    before = d.state
+    check(defn, before, act(d, OperatorVerb.RETRY_STEP, "s2"), operator=True)
+    before = d.state
+    decision = d.fail("z")
+    check(defn, before, decision)
+    assert not d.state.steps["z"].awaits_retry
+    d.compensated("s2")
+    assert d.state.steps["pv"].status is StepStatus.COMPENSATING
+    d.compensated("pv")
+    d.compensated("r")
+    assert d.state.status is SagaStatus.COMPENSATED
+
+
+def test_compensate_is_not_refused_for_a_pivot_that_succeeded_after_compensation_began():
+    defn = _pivot_beside()
+    d = Driver(defn)
+    d.start()
+    d.succeed("r")
+    d.succeed("s2")
+    d.fail("s")
+    d.compensated("s2", Outcome.FAILURE)
+    d.succeed("pv")
+    before = d.state
+    decision = act(d, OperatorVerb.COMPENSATE)
+    check(defn, before, decision, operator=True)
+    assert {(c.step, c.kind) for c in decision.commands} >= {("pv", MessageKind.COMPENSATION)}

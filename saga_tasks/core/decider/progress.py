@@ -65,9 +65,31 @@ def advance(tx: Transition, trigger: str) -> None:
 
 
 def pivot_passed(tx: Transition) -> bool:
-    """The saga's pivot succeeded: from here on it only goes forward."""
+    """The saga's pivot succeeded before any compensation began: from here on it only
+    goes forward. A pivot that answers success once the saga compensates (a failure
+    came first; it answered in review, say) is undone like any step."""
     pivot = tx.definition.pivot
-    return pivot is not None and tx.steps[pivot].status is StepStatus.SUCCEEDED
+    return (
+        pivot is not None
+        and tx.steps[pivot].status is StepStatus.SUCCEEDED
+        and tx.status is not SagaStatus.COMPENSATING
+        and not compensation_begun(tx)
+    )
+
+
+_COMPENSATION_BEGUN = (
+    StepStatus.COMPENSATING,
+    StepStatus.COMPENSATED,
+    StepStatus.COMPENSATION_FAILED,
+    StepStatus.COMPENSATION_SKIPPED,
+    StepStatus.SKIPPED,
+)
+
+
+def compensation_begun(tx: Transition) -> bool:
+    """A step was undone, is being undone, or was skipped because the saga compensates
+    (a step not taken by its condition was not)."""
+    return any(st.status in _COMPENSATION_BEGUN and not st.not_taken for st in tx.steps.values())
 
 
 def after_pivot(tx: Transition, s: Step) -> bool:
