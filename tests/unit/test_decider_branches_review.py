@@ -133,3 +133,29 @@ def test_compensate_is_not_refused_for_a_pivot_that_succeeded_after_compensation
     decision = act(d, OperatorVerb.COMPENSATE)
     check(defn, before, decision, operator=True)
     assert {(c.step, c.kind) for c in decision.commands} >= {("pv", MessageKind.COMPENSATION)}
+
+
+def test_a_sweep_that_calls_a_reviewer_for_a_human_step_sends_no_retry_with_it():
+    # After the pivot, step a failed (it awaits its retry) and the human step beside it
+    # runs out of time in the same sweep: the saga goes to review, so the retry waits
+    # for the person too rather than leaving for a saga that no longer goes forward.
+    defn = saga(
+        "both_due",
+        step("pv", "p.pv", queue="q", pivot=True),
+        step("a", "p.a", compensation="p.ua", queue="q", depends_on=["pv"], timeout=50, retry=3),
+        human_step("h", timeout=50, depends_on=["pv"], on_timeout="manual_review"),
+    )
+    d = Driver(defn)
+    d.start()
+    d.succeed("pv")
+    d.fail("a")
+    assert d.state.steps["a"].awaits_retry
+    before = d.state
+    decision = d.tick(200)
+    check(defn, before, decision)
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert not decision.commands
+    # The person takes the human step back; the retry follows at the next sweep.
+    act(d, OperatorVerb.RETRY_STEP, "h")
+    d.tick(1)
+    assert d.state.steps["a"].status is StepStatus.REQUESTED
