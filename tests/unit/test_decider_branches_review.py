@@ -159,3 +159,34 @@ def test_a_sweep_that_calls_a_reviewer_for_a_human_step_sends_no_retry_with_it()
     act(d, OperatorVerb.RETRY_STEP, "h")
     d.tick(1)
     assert d.state.steps["a"].status is StepStatus.REQUESTED
+
+
+def test_an_operator_retry_of_a_ready_step_whose_condition_does_not_hold_sends_nothing():
+    # The saga is in review (c's command was dead-lettered) when a answers, so b is
+    # left PENDING with its parent settled; its condition does not hold. A retry of b
+    # must not send a branch that is not taken: it is passed over, as dispatch would.
+    defn = saga(
+        "cond",
+        step("a", "p.a", compensation="p.ua", queue="q"),
+        step("b", "p.b", compensation="p.ub", queue="q", when=equals("payload.v", 1)),
+        step(
+            "c",
+            "p.c",
+            compensation="p.uc",
+            queue="q",
+            depends_on=[],
+            on_dead_letter="manual_review",
+        ),
+    )
+    d = Driver(defn, payload={"v": 2})
+    d.start()
+    cid = d.state.steps["c"].command_id
+    d.apply(DeadLettered(MessageKind.COMMAND, "c", cid, "m-dead", "rejected", 1))
+    d.succeed("a")
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert d.state.steps["b"].status is StepStatus.PENDING
+    before = d.state
+    decision = act(d, OperatorVerb.RETRY_STEP, "b")
+    check(defn, before, decision, operator=True)
+    assert ("b", MessageKind.COMMAND) not in {(c.step, c.kind) for c in decision.commands}
+    assert d.state.steps["b"].not_taken

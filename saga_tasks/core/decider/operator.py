@@ -21,6 +21,7 @@ from saga_tasks.core.decider.progress import (
     begin_compensation,
     compensate_ready,
     compensation_begun,
+    dispatch_step,
     pivot_passed,
     resume_running,
 )
@@ -83,6 +84,11 @@ def _retry_step(tx: Transition, a: OperatorAction) -> None:
         # The participant refused it; asked under the same id it would only repeat that.
         retried = next_generation(retried, forward=True)
     tx.put_step(s.name, retried)
+    if ready:
+        # Sent as dispatch would: a branch whose condition does not hold is not taken.
+        if not dispatch_step(tx, s, retried, reason=said):
+            advance(tx, trigger="")
+        return
     send(tx, s, retried, Send.FORWARD, reason=said)
 
 
