@@ -110,14 +110,17 @@ def versions(draw: st.DrawFn, old: SagaDefinition) -> SagaDefinition:
             continue
         kept.append(replace(s, timeout=s.timeout + timedelta(seconds=1)) if fate == "change" else s)
     names = {s.name for s in kept}
-    # A step whose parents changed keeps no condition: it might read a step no longer
-    # among its ancestors.
-    kept = [
-        s
-        if set(s.depends_on) <= names
-        else replace(s, depends_on=tuple(p for p in s.depends_on if p in names), when=None)
-        for s in kept
-    ]
+    # A step keeps only parents that are kept, and no condition that reads a step no
+    # longer among its ancestors (a grandparent dropped, say).
+    ancestors: dict[str, set[str]] = {}
+    rebuilt: list[Step] = []
+    for s in kept:  # in the old dependency order, so parents come first
+        parents = tuple(p for p in s.depends_on if p in names)
+        ancestors[s.name] = set(parents).union(*(ancestors[p] for p in parents))
+        heads = {path.split(".")[0] for path in (s.when.paths() if s.when else ())}
+        readable = heads <= ancestors[s.name] | {"payload"}
+        rebuilt.append(replace(s, depends_on=parents, when=s.when if readable else None))
+    kept = rebuilt
     for j in range(draw(st.integers(0, 2), label="added")):
         parents = draw(st.sets(st.sampled_from(sorted(names)), max_size=2)) if names else set()
         kept.append(

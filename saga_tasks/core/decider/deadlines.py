@@ -65,8 +65,10 @@ def on_deadline(
     if tx.status not in ACTIVE_SAGA:
         return
     _go_forward_past_deadline(tx)
-    _retry_failed(tx)
+    # A person's deadline first: a saga it sends to review (or to compensation) sends
+    # no retry forward with it.
     _human_deadlines(tx)
+    _retry_failed(tx)
     if tx.status not in ACTIVE_SAGA:
         return
     due = _find_due(tx, backlog or {}, dispatch or {})

@@ -20,6 +20,8 @@ from saga_tasks.core.decider.progress import (
     advance,
     begin_compensation,
     compensate_ready,
+    compensation_begun,
+    dispatch_step,
     pivot_passed,
     resume_running,
 )
@@ -63,7 +65,7 @@ def _retry_step(tx: Transition, a: OperatorAction) -> None:
             "ready to be sent, given up without compensation, failed after the pivot, "
             "or whose compensation failed can be retried"
         )
-    if tx.status is SagaStatus.COMPENSATING or _compensation_begun(tx):
+    if tx.status is SagaStatus.COMPENSATING or compensation_begun(tx):
         raise ActionRefused("the saga is compensating; retry the compensation or resolve")
     tx.note("operator_retry_step", step=s.name, reason=said)
     resume_running(tx, said)
@@ -82,6 +84,11 @@ def _retry_step(tx: Transition, a: OperatorAction) -> None:
         # The participant refused it; asked under the same id it would only repeat that.
         retried = next_generation(retried, forward=True)
     tx.put_step(s.name, retried)
+    if ready:
+        # Sent as dispatch would: a branch whose condition does not hold is not taken.
+        if not dispatch_step(tx, s, retried, reason=said):
+            advance(tx, trigger="")
+        return
     send(tx, s, retried, Send.FORWARD, reason=said)
 
 
@@ -123,7 +130,7 @@ def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> 
     failed_forward = st.status is StepStatus.FAILED and pivot_passed(tx)
     skippable = (StepStatus.REQUESTED, StepStatus.TIMED_OUT, StepStatus.PENDING)
     if (st.status not in skippable and not failed_forward) or (
-        _compensation_begun(tx) or tx.status is SagaStatus.COMPENSATING
+        compensation_begun(tx) or tx.status is SagaStatus.COMPENSATING
     ):
         raise ActionRefused(
             f"step {s.name!r} is {st.status.value}: only a step not yet done (before any "
@@ -250,7 +257,7 @@ def _replay(tx: Transition, a: OperatorAction) -> None:
             reason="the replayed message is not one the saga awaits; it stays in review",
         )
         return
-    compensating = _compensation_begun(tx) or any(
+    compensating = compensation_begun(tx) or any(
         x.status is StepStatus.COMPENSATING for x in tx.steps.values()
     )
     if compensating:
@@ -304,21 +311,6 @@ def _operator_step(tx: Transition, a: OperatorAction) -> tuple[Step, StepState]:
 def _parents_succeeded(tx: Transition, s: Step) -> bool:
     return all(
         tx.steps[p].status is StepStatus.SUCCEEDED or tx.steps[p].not_taken for p in s.depends_on
-    )
-
-
-def _compensation_begun(tx: Transition) -> bool:
-    return any(
-        st.status
-        in (
-            StepStatus.COMPENSATING,
-            StepStatus.COMPENSATED,
-            StepStatus.COMPENSATION_FAILED,
-            StepStatus.COMPENSATION_SKIPPED,
-            StepStatus.SKIPPED,
-        )
-        and not st.not_taken
-        for st in tx.steps.values()
     )
 
 

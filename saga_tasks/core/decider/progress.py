@@ -65,9 +65,31 @@ def advance(tx: Transition, trigger: str) -> None:
 
 
 def pivot_passed(tx: Transition) -> bool:
-    """The saga's pivot succeeded: from here on it only goes forward."""
+    """The saga's pivot succeeded before any compensation began: from here on it only
+    goes forward. A pivot that answers success once the saga compensates (a failure
+    came first; it answered in review, say) is undone like any step."""
     pivot = tx.definition.pivot
-    return pivot is not None and tx.steps[pivot].status is StepStatus.SUCCEEDED
+    return (
+        pivot is not None
+        and tx.steps[pivot].status is StepStatus.SUCCEEDED
+        and tx.status is not SagaStatus.COMPENSATING
+        and not compensation_begun(tx)
+    )
+
+
+_COMPENSATION_BEGUN = (
+    StepStatus.COMPENSATING,
+    StepStatus.COMPENSATED,
+    StepStatus.COMPENSATION_FAILED,
+    StepStatus.COMPENSATION_SKIPPED,
+    StepStatus.SKIPPED,
+)
+
+
+def compensation_begun(tx: Transition) -> bool:
+    """A step was undone, is being undone, or was skipped because the saga compensates
+    (a step not taken by its condition was not)."""
+    return any(st.status in _COMPENSATION_BEGUN and not st.not_taken for st in tx.steps.values())
 
 
 def after_pivot(tx: Transition, s: Step) -> bool:
@@ -97,21 +119,29 @@ def dispatch_ready(tx: Transition) -> None:
         if st.status is not StepStatus.PENDING:
             continue
         parents = [tx.steps[p] for p in s.depends_on]
-        if not all(p.status is StepStatus.SUCCEEDED or p.not_taken for p in parents):
-            continue
-        if parents and all(p.not_taken for p in parents):
-            _not_taken(tx, s, st, "none of the steps it depends on was taken")
-        elif s.when is not None and not s.when.holds(tx.before.payload, _results(tx)):
-            _not_taken(tx, s, st, f"its condition does not hold: {s.when}")
-        else:
-            if s.when is not None:
-                tx.note(
-                    "condition_held",
-                    step=s.name,
-                    reason=f"its condition holds: {s.when}",
-                    detail={"condition": str(s.when)},
-                )
-            send(tx, s, st, Send.FORWARD)
+        if all(p.status is StepStatus.SUCCEEDED or p.not_taken for p in parents):
+            dispatch_step(tx, s, st)
+
+
+def dispatch_step(tx: Transition, s: Step, st: StepState, reason: str | None = None) -> bool:
+    """Send a pending step whose parents have settled, or pass it over as not taken
+    (none of its parents was taken, or its condition does not hold); True if sent."""
+    parents = [tx.steps[p] for p in s.depends_on]
+    if parents and all(p.not_taken for p in parents):
+        _not_taken(tx, s, st, "none of the steps it depends on was taken")
+        return False
+    if s.when is not None and not s.when.holds(tx.before.payload, _results(tx)):
+        _not_taken(tx, s, st, f"its condition does not hold: {s.when}")
+        return False
+    if s.when is not None:
+        tx.note(
+            "condition_held",
+            step=s.name,
+            reason=f"its condition holds: {s.when}",
+            detail={"condition": str(s.when)},
+        )
+    send(tx, s, st, Send.FORWARD, reason=reason)
+    return True
 
 
 def _not_taken(tx: Transition, s: Step, st: StepState, why: str) -> None:

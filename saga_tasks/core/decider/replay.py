@@ -37,7 +37,10 @@ def replay_awaits(
 def _command_awaits(state: SagaState, st: StepState) -> str | None:
     if st.status is StepStatus.REQUESTED:
         return "in flight"
-    compensation_begun = any(x.status not in _FORWARD_ONLY for x in state.steps.values())
+    # (A step not taken is SKIPPED by its condition, not by a compensation.)
+    compensation_begun = any(
+        x.status not in _FORWARD_ONLY and not x.not_taken for x in state.steps.values()
+    )
     if (
         st.status is StepStatus.TIMED_OUT
         and st.error not in (LATE_SUCCESS, LATE_FAILURE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from saga_tasks.core.decider.progress import advance
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.events import SignalReceived
-from saga_tasks.core.states import ACTIVE_SAGA, Classification, StepStatus
+from saga_tasks.core.states import ACTIVE_SAGA, FORWARD_SUCCEEDED, Classification, StepStatus
 from saga_tasks.errors import ActionRefused
 
 
@@ -24,7 +24,9 @@ def on_signal(tx: Transition, e: SignalReceived) -> None:
     if s.human is None:
         raise ActionRefused(f"step {e.step!r} waits for its participant, not for a signal")
     st = tx.steps[e.step]
-    if st.status is StepStatus.SUCCEEDED and dict(st.result or {}) == dict(e.data):
+    # The decision taken stays the step's result after the saga moved on (a compensation
+    # leaves a person's decision COMPENSATION_SKIPPED): the same one again is a duplicate.
+    if st.status in FORWARD_SUCCEEDED and dict(st.result or {}) == dict(e.data):
         tx.classification = Classification.DUPLICATE
         tx.note("duplicate_signal", step=e.step, reason=f"by {e.actor}: the same decision again")
         return
