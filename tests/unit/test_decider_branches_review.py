@@ -374,3 +374,14 @@ def test_random_interleavings_keep_every_rule(name: str, data: st.DataObject) ->
             if x.not_taken:
                 assert before.steps[n].not_taken or before.steps[n].status is StepStatus.PENDING
     event(f"ended {d.state.status.value}; pivot passed {_pivot_passed(defn, d.state)}")
+
+
+def test_a_human_step_cannot_be_skipped_its_decision_would_be_missing() -> None:
+    d = Driver(returns())
+    d.start()
+    for name, x in d.state.steps.items():
+        if x.status is StepStatus.REQUESTED:
+            d.succeed(name)
+    assert d.state.steps["inspect"].status is StepStatus.REQUESTED
+    with pytest.raises(ActionRefused, match="signal"):
+        act(d, OperatorVerb.SKIP_STEP, "inspect")

@@ -95,6 +95,13 @@ def _retry_step(tx: Transition, a: OperatorAction) -> None:
 def _skip_step(tx: Transition, a: OperatorAction) -> None:
     _refuse_if_final(tx, "skip a step")
     s, st = _operator_step(tx, a)
+    if s.human is not None:
+        # Done by hand, it would carry no decision: every condition reading it would be
+        # false, and the saga could complete with no branch taken.
+        raise ActionRefused(
+            f"step {s.name!r} waits for a person's decision: give it with signal "
+            "(retry the step first if it gave up waiting)"
+        )
     if st.status is StepStatus.COMPENSATING or (
         st.status is StepStatus.COMPENSATION_FAILED
         and (st.error in UNANSWERED_COMPENSATION or st.generation > 1)
