@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -337,6 +338,11 @@ class SagaWorld(RuleBasedStateMachine):
             if entry.tombstone:
                 assert entry.outcome is Outcome.FAILURE, command_id
 
+
+pytestmark = pytest.mark.timeout(300)
+"""Hundreds of worlds of forty steps each, CPU-bound and deterministic: a few seconds on a
+quiet machine, and once over a minute beside the end-to-end tests of a loaded one; the
+limit is for a hang, not for a slow hour."""
 
 IN_CI = os.environ.get("CI") == "true"
 """CI runs a fixed set of examples, so a landing never depends on a lucky draw; every
