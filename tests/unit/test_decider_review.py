@@ -21,7 +21,7 @@ from saga_tasks.core.registry import Registry
 from saga_tasks.core.states import Classification, MessageKind, Outcome, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
 from saga_tasks.runtime.sweeper import Sweeper, SweepReport
-from tests.unit.sagas import Driver, linear
+from tests.unit.sagas import Driver, check, linear
 
 
 def act(d: Driver, verb: OperatorVerb, step_name: str | None = None, **kw: object) -> Decision:
@@ -423,3 +423,36 @@ def test_a_fence_answering_after_the_saga_compensates_the_step_counts_as_its_und
     d.apply(d.reply("s0", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
     assert d.state.steps["s0"].status is StepStatus.COMPENSATED
     assert d.state.status is SagaStatus.COMPENSATED
+
+
+def test_a_parents_compensation_is_not_sent_again_while_its_child_is_undone_first():
+    """A child given up (late replies ignored) let its parent's compensation go out; a
+    person's ``compensate`` then undoes the child too. The parent's copy, due again,
+    waits for the child: children before parents (found by the stateful world)."""
+    defn = saga(
+        "stateful",
+        step("s0", "p.do0", queue="p.commands", compensation="p.undo0", timeout=2, retry=1,
+             compensation_retry=1, on_dead_letter="manual_review", depends_on=()),
+        step("s1", "p.do1", queue="p.commands", compensation="p.undo1", timeout=2, retry=1,
+             compensation_retry=1, depends_on=()),
+        step("s2", "p.do2", queue="p.commands", compensation="p.undo2", timeout=2, retry=1,
+             compensation_retry=1, late_reply="ignore", depends_on=("s1",)),
+    )  # fmt: skip
+    d = Driver(defn, saga_id="7d1c0b4e-5f1a-4c2e-9a3b-2d6f8e0a1b2c")
+    d.start()
+    d.apply(OperatorAction(OperatorVerb.RETRY_STEP, "ana", "test", step="s0"))
+    d.succeed("s1")
+    d.tick(3.0)
+    assert d.state.steps["s1"].status is StepStatus.COMPENSATING
+    s0 = d.state.steps["s0"]
+    d.apply(DeadLettered(MessageKind.COMMAND, "s0", s0.command_id, "m-x", "rejected", 1))
+    d.apply(OperatorAction(OperatorVerb.COMPENSATE, "ana", "test"))
+    assert d.state.steps["s2"].status is StepStatus.COMPENSATING
+    before = d.state
+    decision = d.tick(3.0)
+    check(defn, before, decision)
+    assert ("s1", MessageKind.COMPENSATION) not in {(c.step, c.kind) for c in decision.commands}
+    assert any(h.event == "compensation_deferred" for h in decision.history)
+    d.compensated("s2")
+    again = d.tick(10.0)
+    assert ("s1", MessageKind.COMPENSATION) in {(c.step, c.kind) for c in again.commands}

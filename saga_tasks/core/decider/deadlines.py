@@ -37,6 +37,7 @@ from saga_tasks.core.decider.progress import (
     advance,
     after_pivot,
     begin_compensation,
+    child_holding_an_effect,
     compensate_ready,
     forward_only,
     pivot_passed,
@@ -369,6 +370,17 @@ def _send_again(tx: Transition, due: _Due) -> None:
                           "the step cannot be undone, so it is")  # fmt: skip
     for s in due.resend_compensation:
         st = tx.steps[s.name]
+        child = child_holding_an_effect(tx, s.name)
+        if child is not None:
+            # Sent before a step depending on it was to be undone too (a person's
+            # ``compensate`` of a step given up): children first, the copy waits.
+            tx.set_step(
+                s.name,
+                st.evolve(deadline=tx.now + current_wait(tx.before, s, st)),
+                "compensation_deferred",
+                reason=f"step {child!r}, which depends on it, is to be undone first",
+            )
+            continue
         reason = f"attempt {st.compensation_attempt} had no answer in time"
         send(tx, s, st, Send.COMPENSATION, reason=reason)
         _alert_once_spent(tx, s, "compensation_overdue",

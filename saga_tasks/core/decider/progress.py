@@ -86,6 +86,17 @@ _COMPENSATION_BEGUN = (
 )
 
 
+def child_holding_an_effect(tx: Transition, name: str) -> str | None:
+    """A step depending on ``name`` (directly or not) that may still hold an effect: the
+    compensation of ``name`` must follow its own."""
+    for d in tx.definition.steps:
+        if d.name in tx.definition.descendants(name):
+            st = tx.steps[d.name]
+            if st.status in _HOLDS_AN_EFFECT or st.fencing:
+                return d.name
+    return None
+
+
 def compensation_begun(tx: Transition) -> bool:
     """A step was undone, is being undone, or was skipped because the saga compensates
     (a step not taken by its condition was not)."""
@@ -241,10 +252,7 @@ def _send_ready_compensations(tx: Transition, *, given_up_too: bool) -> None:
             continue
         if st.status is not StepStatus.SUCCEEDED or st.fencing:
             continue  # a fence answers first; then the step is compensated like any
-        if any(
-            tx.steps[d].status in _HOLDS_AN_EFFECT or tx.steps[d].fencing
-            for d in tx.definition.descendants(s.name)
-        ):
+        if child_holding_an_effect(tx, s.name) is not None:
             continue
         if s.compensable:
             send(tx, s, st, Send.COMPENSATION)
