@@ -21,22 +21,25 @@ Shapes (documented in the README and pinned by tests):
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from saga_tasks.app import SagaApp
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus
 from saga_tasks.persistence import held as held_sql
 from saga_tasks.persistence import reads, sagas, schedule_runs
 from saga_tasks.persistence.db import translated
+
+if TYPE_CHECKING:
+    from saga_tasks.app import SagaApp
+    from saga_tasks.ops.reader import Reader
 
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def saga_view(app: SagaApp, saga_id: str) -> dict[str, Any]:
-    state = app.orchestrator.get(saga_id)
+def saga_view(app: SagaApp | Reader, saga_id: str) -> dict[str, Any]:
     with translated(app.settings.database_url), app.engine.connect() as conn:
+        state = sagas.get(conn, saga_id)
         history = sagas.history(conn, state.saga_id)
         held_rows = reads.held_of_saga(conn, state.saga_id)
     updated = state.extra.get("updated_at")
@@ -85,7 +88,7 @@ def saga_view(app: SagaApp, saga_id: str) -> dict[str, Any]:
 
 
 def list_view(
-    app: SagaApp,
+    app: SagaApp | Reader,
     *,
     status: SagaStatus | None = None,
     saga_type: str | None = None,
@@ -122,7 +125,7 @@ def invalid_view(app: SagaApp, *, limit: int = 50) -> dict[str, Any]:
 
 
 def stuck(
-    app: SagaApp,
+    app: SagaApp | Reader,
     *,
     older_than: float | None = None,
     limit: int = 100,

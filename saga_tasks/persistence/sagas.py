@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,7 +20,7 @@ from saga_tasks.core.decider import HistoryEntry
 from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.core.model import SagaState, StepState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
-from saga_tasks.errors import ConcurrencyConflict
+from saga_tasks.errors import ConcurrencyConflict, SagaNotFound
 from saga_tasks.persistence import dispatch, outbox, recordset
 from saga_tasks.persistence.prepared import Prepared
 from saga_tasks.persistence.tables import (
@@ -316,6 +317,18 @@ def claim_due(conn: Connection, now: datetime, limit: int) -> list[SagaState]:
     for row in conn.execute(stmt):
         groups.setdefault(row.saga_id, []).append(row)
     return [_to_state(rows) for rows in groups.values()]
+
+
+def get(conn: Connection, saga_id: str) -> SagaState:
+    """``load``, or ``SagaNotFound`` naming what was asked (a bad id says so too)."""
+    try:
+        uuid.UUID(saga_id)
+    except ValueError:
+        raise SagaNotFound(f"{saga_id!r} is not a saga id (a UUID)") from None
+    state = load(conn, saga_id)
+    if state is None:
+        raise SagaNotFound(f"no saga {saga_id}")
+    return state
 
 
 def load(conn: Connection, saga_id: str) -> SagaState | None:

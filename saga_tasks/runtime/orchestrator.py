@@ -577,15 +577,8 @@ class Orchestrator:
         return messages
 
     def get(self, saga_id: str) -> SagaState:
-        try:
-            uuid.UUID(saga_id)
-        except ValueError:
-            raise SagaNotFound(f"{saga_id!r} is not a saga id (a UUID)") from None
         with translated(self.engine.url), self.engine.connect() as conn:
-            state = sagas.load(conn, saga_id)
-        if state is None:
-            raise SagaNotFound(f"no saga {saga_id}")
-        return state
+            return sagas.get(conn, saga_id)
 
 
 def _lock_at(conn: Connection, saga_id: str, expect_version: int | None) -> SagaState:

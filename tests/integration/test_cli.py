@@ -207,3 +207,36 @@ def test_text_from_outside_is_escaped_on_the_terminal(env):
         assert not any(line.startswith("FAKE") for line in shown.stdout.splitlines())
     as_json = cli("list", "--json", env=env)
     assert json.loads(as_json.stdout)["sagas"][0]["business_key"] == key
+
+
+def test_read_commands_load_none_of_the_deployment(env, order_app):
+    """``show``, ``list`` and ``stuck`` read the saga tables only: with SAGA_DATABASE_URL
+    set they import neither the app's module nor Celery, kombu or the web stack (most of
+    such a command's wall time), and say the same as through the app (``--app``)."""
+    saga_id = order_app.start_saga("order", "light-1", ORDER).saga_id
+    probe = (
+        "import sys\n"
+        "from saga_tasks.ops.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "heavy = sorted(m for m in ('celery', 'kombu', 'participants', 'fastapi', 'redis')\n"
+        "               if m in sys.modules)\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    for args in (["show", saga_id, "--json"], ["list", "--json"], ["stuck", "--json"]):
+        light = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert light.returncode == 0, light.stderr
+        assert "HEAVY []" in light.stderr, (args, light.stderr)
+        full = cli("--app", "participants.app:saga_app", *args, env=env)
+        assert full.returncode == 0, full.stderr
+        assert json.loads(light.stdout) == json.loads(full.stdout), args

@@ -10,6 +10,12 @@ prefetch), then measures:
   ``acks_late``, no database, no publisher confirms;
 - **durable_chain** (baseline B): the same chain, each task one PostgreSQL transaction
   (insert a row, update a row under a version check), publishes confirmed;
+- **saga_floor**: the saga's eight messages as a chain of eight tasks over its four
+  queues (orchestrator, orders, inventory, payments), publishes confirmed, no database:
+  what Celery and RabbitMQ alone cost for them;
+- **durable_chain8**: the same eight tasks, each one PostgreSQL transaction the size of
+  the write it stands for (a participant's three statements, the orchestrator's six): the
+  saga's work without its guarantees;
 - **saga**: the order saga, every guarantee on (outbox, inbox, ledgers, confirms, acks
   after commit), every step succeeding;
 - **saga_mixed**: the same with 20% of sagas declined by payments and compensated.
@@ -42,7 +48,15 @@ from tools.bench.runner import Bench
 from tools.bench.sweep import sweep_bench
 from tools.bench.web import web_bench
 
-CONFIGURATIONS = ("chain_stock", "chain", "durable_chain", "saga", "saga_mixed")
+CONFIGURATIONS = (
+    "chain_stock",
+    "chain",
+    "durable_chain",
+    "saga_floor",
+    "durable_chain8",
+    "saga",
+    "saga_mixed",
+)
 
 
 def reset_sagas(database_url: str) -> None:
@@ -64,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="saga-tasks bench", description=__doc__.splitlines()[0])
     parser.add_argument("--sagas", type=int, default=2000, help="burst size (default 2000)")
     parser.add_argument("--unloaded", type=int, default=200, help="items timed one at a time")
+    parser.add_argument("--warmup", type=int, default=50, help="items before each burst")
     parser.add_argument(
         "--long",
         type=int,
@@ -156,6 +171,22 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
                 "CREATE TABLE IF NOT EXISTS bench.chain_state (chain_id text PRIMARY KEY, version int NOT NULL)"
             )
         )
+        # durable_chain8: a participant's ledger, business row and outbox; the
+        # orchestrator's inbox (and chain_state, chain_row, outbox above and here).
+        for table in ("ledger", "outbox", "inbox"):
+            conn.execute(
+                text(
+                    f"CREATE TABLE IF NOT EXISTS bench.{table} (id bigserial PRIMARY KEY, "
+                    "chain_id text NOT NULL, hop int NOT NULL, at timestamptz DEFAULT now(), "
+                    "UNIQUE (chain_id, hop))"
+                )
+            )
+        conn.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS bench.business (chain_id text PRIMARY KEY, "
+                "hops int NOT NULL)"
+            )
+        )
     bench = Bench(args, database_url, broker_url, vhost)
     results: dict[str, Result] = {}
     wanted = args.only.split(",")
@@ -163,9 +194,11 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
         for name in CONFIGURATIONS:
             if name not in wanted:
                 continue
-            if "chain" in name:
+            if "chain" in name or name == "saga_floor":
                 results[name] = bench.chain(
-                    durable=name.startswith("durable"), stock=name.endswith("_stock")
+                    durable=name.startswith("durable"),
+                    stock=name.endswith("_stock"),
+                    eight=name in ("saga_floor", "durable_chain8"),
                 )
             else:
                 results[name] = bench.saga(mixed=name == "saga_mixed")

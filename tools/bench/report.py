@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,29 @@ def build_report(
             return round(results[a].throughput / results[b].throughput, 3)
         return None
 
+    def over(a: str, b: str, read: Callable[[Result], float]) -> float | None:
+        if a in results and b in results and read(results[b]):
+            return round(read(results[a]) / read(results[b]), 3)
+        return None
+
+    def unloaded_p50(r: Result) -> float:
+        return r.unloaded_latency_ms["p50"]
+
+    def machine_cpu(r: Result) -> float:
+        return r.cpu_ms_per_item.get("machine", 0.0)
+
+    equal_work = ratio("saga", "durable_chain8")
+    latency = over("saga", "durable_chain8", unloaded_p50)
+    cpu = over("saga", "saga_floor", machine_cpu)
+    targets = {
+        "ratio_vs_equal_work_chain": {"target": ">= 0.8", "measured": equal_work,
+                                      "met": None if equal_work is None else equal_work >= 0.8},
+        "unloaded_p50_vs_durable_chain8": {"target": "<= 1.5", "measured": latency,
+                                           "met": None if latency is None else latency <= 1.5},
+        "machine_cpu_vs_saga_floor": {"target": "<= 2.0", "measured": cpu,
+                                      "met": None if cpu is None else cpu <= 2.0},
+    }  # fmt: skip
+
     return {
         "machine": {
             "cpus": os.cpu_count(),
@@ -75,6 +98,9 @@ def build_report(
         "ratio_vs_durable_chain": ratio("saga", "durable_chain"),
         "ratio_mixed_vs_chain": ratio("saga_mixed", "chain"),
         "ratio_vs_chain_stock": ratio("saga", "chain_stock"),
+        "ratio_vs_equal_work_chain": equal_work,
+        "ratio_floor_vs_saga": ratio("saga_floor", "saga"),
+        "targets": targets,
         "configurations": {name: r.__dict__ for name, r in results.items()},
         "sweep": sweep,
     }
@@ -98,9 +124,13 @@ def print_report(report: dict[str, Any]) -> None:
             f"{r['publishes_per_item'] if r['publishes_per_item'] is not None else '-':>11}"
         )
     print(
-        f"\nsaga / chain: {report['ratio_vs_chain']}   saga / durable chain: "
-        f"{report['ratio_vs_durable_chain']}   saga / stock chain: {report['ratio_vs_chain_stock']}"
+        f"\nsaga / durable_chain8 (equal work): {report['ratio_vs_equal_work_chain']}   "
+        f"saga_floor / saga: {report['ratio_floor_vs_saga']}   saga / chain: "
+        f"{report['ratio_vs_chain']}   saga / durable chain: {report['ratio_vs_durable_chain']}"
     )
+    for target, t in report.get("targets", {}).items():
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        print(f"target {target} {t['target']}: {t['measured']} ({verdict})")
     print("\nCPU milliseconds per item (burst; other: kernel and short-lived processes):")
     for name, r in report["configurations"].items():
         cpu = dict(r["cpu_ms_per_item"])

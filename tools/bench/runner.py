@@ -175,7 +175,7 @@ class Bench:
         configuration; latencies come from timestamps the items record themselves.
         """
         say(self.args, f"{name}: warming up")
-        warm = 50
+        warm = self.args.warmup
         for i in range(warm):
             items.start(-(i + 1))
         wait_for(
@@ -236,9 +236,15 @@ class Bench:
             cpu_ms_per_item={k: round((cpu1[k] - cpu0[k]) / n * 1000, 2) for k in cpu1},
         )
 
-    def chain(self, durable: bool, stock: bool = False) -> Result:
+    def chain(self, durable: bool, stock: bool = False, eight: bool = False) -> Result:
+        """A baseline chain: three tasks (``chain``, ``durable_chain``) or the saga's
+        eight over its four queues (``saga_floor``, ``durable_chain8``)."""
         self.redis.delete(self.done_key)
-        env = {"BENCH_DURABLE": "1" if durable else "0", "BENCH_ACK_FIX": "0" if stock else "1"}
+        env = {
+            "BENCH_DURABLE": "1" if durable else "0",
+            "BENCH_ACK_FIX": "0" if stock else "1",
+            "BENCH_SHAPE": "8" if eight else "3",
+        }
         os.environ.update(env)
         os.environ["BENCH_DONE_KEY"] = self.done_key
         os.environ["SAGA_BROKER_URL"] = self.broker_url
@@ -247,13 +253,18 @@ class Bench:
         from tools.bench import baseline
 
         baseline = importlib.reload(baseline)
-        workers = self.workers(
-            "tools.bench.baseline",
-            [["bench.a"], ["bench.b"], ["bench.c"]],
-            env,
-            label="bench_baseline",
+        # The saga's layout: the orchestrator's queue(s), then one per participant.
+        queues = (
+            [["bench.orch"]] * self.args.orchestrators
+            + [["bench.orders"], ["bench.inventory"], ["bench.payments"]]
+            if eight
+            else [["bench.a"], ["bench.b"], ["bench.c"]]
         )
-        name = ("durable_chain" if durable else "chain") + ("_stock" if stock else "")
+        workers = self.workers("tools.bench.baseline", queues, env, label="bench_baseline")
+        if eight:
+            name = "durable_chain8" if durable else "saga_floor"
+        else:
+            name = ("durable_chain" if durable else "chain") + ("_stock" if stock else "")
         try:
             return self.run(
                 name,

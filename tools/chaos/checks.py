@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from participants import inventory, orders, payments
+from participants import inventory, orders, payments, returns
 from saga_tasks.testing import invariants
 from saga_tasks.testing.invariants import (
     ByHand,
@@ -35,7 +35,13 @@ from saga_tasks.testing.invariants import (
     undone_by_hand,
 )
 
-PARTICIPANTS = (orders.participant, inventory.participant, payments.participant)
+PARTICIPANTS = (
+    orders.participant,
+    inventory.participant,
+    payments.participant,
+    returns.participant,
+)
+"""Every participant of the example app: each has its database, its ledger and its outbox."""
 
 __all__ = [
     "PARTICIPANTS",

@@ -38,7 +38,8 @@ __all__ = [
 @click.pass_context
 def main(ctx: click.Context, app_spec: str | None) -> None:
     """Saga orchestration on Celery, RabbitMQ and PostgreSQL."""
-    ctx.obj = Context(app_spec)
+    named = ctx.get_parameter_source("app_spec") is click.core.ParameterSource.COMMANDLINE
+    ctx.obj = Context(app_spec, named=named)
 
 
 main.add_command(deploy.check)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,14 +56,27 @@ def errors() -> Iterator[None]:
 class Context:
     """The ``--app`` given, and the app and settings loaded only when a command asks."""
 
-    def __init__(self, app_spec: str | None) -> None:
+    def __init__(self, app_spec: str | None, *, named: bool = False) -> None:
         self.app_spec = app_spec
+        self.named = named
+        """``--app`` was given on the command line (not only ``SAGA_TASKS_APP``)."""
         self._app: Any = None
 
     @property
     def settings(self) -> Settings:
         with errors():
             return Settings.from_env()
+
+    def reader(self) -> Any:
+        """For a command that only reads the saga tables: the app when it is loaded or
+        named with ``--app``; otherwise, with ``SAGA_DATABASE_URL`` set, a ``Reader`` on
+        the environment's settings (the ones ``SAGA_TASKS_APP``'s app takes from there
+        too), which imports none of the deployment."""
+        if self._app is not None or self.named or not os.environ.get("SAGA_DATABASE_URL"):
+            return self.app()
+        from saga_tasks.ops.reader import Reader
+
+        return Reader(self.settings)
 
     def app(self) -> Any:
         if self._app is None:

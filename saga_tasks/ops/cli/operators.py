@@ -163,9 +163,8 @@ def stuck(obj: Context, older_than: float | None, limit: int, as_json: bool) -> 
     """Active sagas that have not moved for a while, oldest first."""
     from saga_tasks.ops.views import stuck as find_stuck
 
-    app = obj.app()
     with errors():
-        view = find_stuck(app, older_than=older_than, limit=limit)
+        view = find_stuck(obj.reader(), older_than=older_than, limit=limit)
 
     def render(v: dict[str, Any]) -> None:
         if not v["stuck"]:

@@ -67,9 +67,9 @@ def show(obj: Context, saga_id: str, as_json: bool) -> None:
     """Show one saga: status, steps and history."""
     from saga_tasks.ops.views import saga_view
 
-    app = obj.app()
+    reader = obj.reader()
     with errors():
-        view = saga_view(app, saga_id)
+        view = saga_view(reader, saga_id)
     emit(view, as_json, render_saga)
 
 
@@ -122,12 +122,11 @@ def list_(
             parsed = saga_status(status)
         except ValueError as exc:
             fail(str(exc), EXIT_INPUT)
-    app = obj.app()
     if saga_type is not None:
         with errors():
-            app.registry.latest(saga_type)
+            obj.app().registry.latest(saga_type)  # an unknown type is an error, not "none"
     with errors():
-        view = list_view(app, status=parsed, saga_type=saga_type, limit=limit)
+        view = list_view(obj.reader(), status=parsed, saga_type=saga_type, limit=limit)
 
     def render(v: dict[str, Any]) -> None:
         if not v["sagas"]:
