@@ -1,6 +1,7 @@
 """A short run of ``saga-tasks bench`` over the configurations the README's Performance
 section leads with: the saga beside the same eight messages with no database
-(``saga_floor``) and with the same writes (``durable_chain8``). The numbers are not
+(``saga_floor``), with the same writes (``durable_chain8``), and as a DBOS workflow
+(``dbos``, from the ``bench`` extra). The numbers are not
 checked here (a loaded CI machine says nothing about speed): that each configuration
 runs end to end, counts its commits and publishes, and that the report states its
 targets with what was measured."""
@@ -29,7 +30,7 @@ def test_a_short_bench_runs_the_saga_beside_its_floor_and_equal_work(tmp_path, t
     result = subprocess.run(
         [
             sys.executable, "-m", "saga_tasks.ops.cli", "bench", "--sagas", "30",
-            "--unloaded", "3", "--warmup", "5", "--only", "saga_floor,durable_chain8,saga",
+            "--unloaded", "3", "--warmup", "5", "--only", "saga_floor,durable_chain8,saga,dbos",
             "--json", "--log-dir", str(tmp_path / "logs"),
         ],
         env=env,
@@ -41,7 +42,7 @@ def test_a_short_bench_runs_the_saga_beside_its_floor_and_equal_work(tmp_path, t
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     found = report["configurations"]
-    assert set(found) == {"saga_floor", "durable_chain8", "saga"}
+    assert set(found) == {"saga_floor", "durable_chain8", "saga", "dbos"}
     for name, r in found.items():
         assert r["items"] == 30 and r["throughput"] > 0, name
         assert r["unloaded_latency_ms"]["p50"] > 0, name
@@ -51,8 +52,9 @@ def test_a_short_bench_runs_the_saga_beside_its_floor_and_equal_work(tmp_path, t
     assert found["saga_floor"]["commits_per_item"] < 1
     if found["saga_floor"]["publishes_per_item"] is not None:  # the management API answers
         assert found["saga_floor"]["publishes_per_item"] >= 8
-    assert report["ratio_vs_equal_work_chain"] > 0
+    assert report["ratio_vs_equal_work_chain"] > 0 and report["ratio_vs_dbos"] > 0
     assert set(report["targets"]) == {
+        "ratio_vs_dbos",
         "ratio_vs_equal_work_chain",
         "unloaded_p50_vs_durable_chain8",
         "machine_cpu_vs_saga_floor",

@@ -277,6 +277,32 @@ class Bench:
                 w.stop()
             baseline.app.close()
 
+    def dbos(self) -> Result:
+        """The order saga as a DBOS workflow through a DBOS queue, one executor per core."""
+        from dbos import DBOSClient
+
+        from tools.bench import dbos_app
+        from tools.bench.workloads import DbosItems
+
+        self.redis.delete(self.done_key)
+        env = {**self.env, "BENCH_DONE_KEY": self.done_key}
+        executors: list[Executor] = []
+        try:
+            # One at a time: the first creates DBOS's system tables.
+            for i in range(os.cpu_count() or 2):
+                executor = Executor(f"dbos-{i}", env, self.log_dir)
+                executors.append(executor)
+                executor.wait_ready()
+            client = DBOSClient(system_database_url=dbos_app.system_url(self.database_url))
+            try:
+                items = DbosItems(client, self.redis, self.done_key)
+                return self.run("dbos", items, executors, self.args.sagas)  # type: ignore[arg-type]
+            finally:
+                client.destroy()
+        finally:
+            for e in executors:
+                e.stop()
+
     def saga(self, mixed: bool) -> Result:
         from participants.app import saga_app
 
@@ -333,3 +359,46 @@ class Bench:
             f"rss_mb_at_{total}": marks[total],
             "growth_percent": growth,
         }
+
+
+class Executor:
+    """A DBOS executor process (``python -m tools.bench.dbos_app``), named and stopped as
+    the benchmark does its Celery workers."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path) -> None:
+        import subprocess
+        import sys
+
+        self.name = name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tools.bench.dbos_app"],
+            env={**env, "BENCH_DBOS_EXECUTOR": name},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pid = self.process.pid
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: see {self.log_path}")
+            return "dbos executor ready" in self.log_path.read_text()
+
+        wait_for(ready, timeout=timeout, interval=0.1, describe=f"{self.name} to launch")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        import signal
+        import subprocess
+
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()

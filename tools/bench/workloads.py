@@ -68,6 +68,25 @@ class ChainItems:
         return (started, finished) if chain_id == key else None
 
 
+class DbosItems(ChainItems):
+    """DBOS workflows enqueued through a DBOS queue; the last step pushes its timing to the
+    Redis list, as the chains' last task does."""
+
+    def __init__(self, client: Any, redis: Any, key: str) -> None:
+        self.client, self.redis, self.key = client, redis, key
+        self.prefix = f"d-{uuid.uuid4().hex[:6]}"
+
+    def start(self, i: int) -> str:
+        import time
+
+        from tools.bench.dbos_app import QUEUE, WORKFLOW
+
+        order_id = f"{self.prefix}-{i}"
+        options = {"queue_name": QUEUE, "workflow_name": WORKFLOW, "workflow_id": order_id}
+        self.client.enqueue(options, order_id, time.time())
+        return order_id
+
+
 def active_sagas(engine: Any) -> int:
     """Sagas still running or compensating: a count over the partial index on active sagas."""
     with engine.connect() as conn:
