@@ -318,6 +318,8 @@ class SagaDefinition:
     parents: Mapping[str, tuple[str, ...]] = field(init=False, repr=False)
     children: Mapping[str, tuple[str, ...]] = field(init=False, repr=False)
     by_name: Mapping[str, Step] = field(init=False, repr=False)
+    _ancestors: Mapping[str, frozenset[str]] = field(init=False, repr=False, compare=False)
+    _descendants: Mapping[str, frozenset[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.saga_type or not self.saga_type.replace("_", "").replace("-", "").isalnum():
@@ -337,6 +339,9 @@ class SagaDefinition:
         object.__setattr__(self, "by_name", by_name)
         object.__setattr__(self, "parents", {s.name: s.depends_on for s in resolved})
         object.__setattr__(self, "children", {k: tuple(v) for k, v in children.items()})
+        # Read on every decision (compensation order, the pivot): worked out once here.
+        object.__setattr__(self, "_ancestors", {n: _reach(self.parents, n) for n in by_name})
+        object.__setattr__(self, "_descendants", {n: _reach(self.children, n) for n in by_name})
         _check_conditions(self)
         _check_pivot(self)
 
@@ -351,28 +356,14 @@ class SagaDefinition:
 
     def ancestors(self, name: str) -> frozenset[str]:
         """Every step ``name`` depends on, directly or through others."""
-        seen: set[str] = set()
-        todo = list(self.parents[name])
-        while todo:
-            current = todo.pop()
-            if current not in seen:
-                seen.add(current)
-                todo.extend(self.parents[current])
-        return frozenset(seen)
+        return self._ancestors[name]
 
     def step(self, name: str) -> Step:
         return self.by_name[name]
 
     def descendants(self, name: str) -> frozenset[str]:
         """Every step that depends on ``name``, directly or through others."""
-        seen: set[str] = set()
-        todo = list(self.children[name])
-        while todo:
-            current = todo.pop()
-            if current not in seen:
-                seen.add(current)
-                todo.extend(self.children[current])
-        return frozenset(seen)
+        return self._descendants[name]
 
     def validate_payload(self, payload: Any) -> dict[str, Any]:
         """Return the payload as stored, or raise ``InvalidPayload`` with every problem named."""
@@ -474,6 +465,18 @@ def _resolve_dependencies(saga_type: str, steps: tuple[Step, ...]) -> tuple[Step
                     saga_type, f"step {s.name!r} depends on unknown step {parent!r}"
                 )
     return tuple(resolved)
+
+
+def _reach(edges: Mapping[str, tuple[str, ...]], name: str) -> frozenset[str]:
+    """Every step reached from ``name`` through ``edges`` (parents or children)."""
+    seen: set[str] = set()
+    todo = list(edges[name])
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(edges[current])
+    return frozenset(seen)
 
 
 def _check_conditions(d: SagaDefinition) -> None:

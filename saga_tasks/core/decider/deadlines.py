@@ -44,7 +44,6 @@ from saga_tasks.core.decider.progress import (
 )
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import HumanTimeoutPolicy, LateReplyPolicy, Step
-from saga_tasks.core.messages import MAX_GENERATIONS
 from saga_tasks.core.model import ESCALATED, NO_SIGNAL, SagaState, StepState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
 
@@ -236,7 +235,7 @@ def _retry_failed(tx: Transition) -> None:
         if not st.awaits_retry or st.deadline is None or st.deadline > tx.now:
             continue
         again = st.evolve(
-            generation=min(st.generation + 1, MAX_GENERATIONS),
+            generation=st.generation + 1,  # below MAX_GENERATIONS: the failure checked it
             command_id=None,
             compensation_id=None,
             compensation_attempt=0,

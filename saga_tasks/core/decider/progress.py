@@ -89,11 +89,11 @@ _COMPENSATION_BEGUN = (
 def child_holding_an_effect(tx: Transition, name: str) -> str | None:
     """A step depending on ``name`` (directly or not) that may still hold an effect: the
     compensation of ``name`` must follow its own."""
-    for d in tx.definition.steps:
-        if d.name in tx.definition.descendants(name):
-            st = tx.steps[d.name]
-            if st.status in _HOLDS_AN_EFFECT or st.fencing:
-                return d.name
+    below = tx.definition.descendants(name)
+    for d in tx.definition.steps:  # definition order: the answer does not vary
+        st = tx.steps[d.name]
+        if d.name in below and (st.status in _HOLDS_AN_EFFECT or st.fencing):
+            return d.name
     return None
 
 
