@@ -6,10 +6,11 @@ the outbox, as many as each queue's room allows (its ``max_in_flight`` less the 
 in flight, and the tokens of its rate bucket), in the deciding transaction; the caller
 publishes them after the commit like any outbox row. A command stays counted in flight
 until its step answers, is sent again or given up, or its saga stops waiting on it
-(the decision that does so deletes its row in the same statement as the rest).
+(the decision that does so deletes its row in the same statement as the rest); while
+its saga is in review its row is ``paused``, neither counted nor sent.
 
 One transaction at a time releases for a queue (an advisory lock taken, in queue
-order, in a statement of its own, so the release's snapshot sees the commit of the one
+order, in a query of its own, so the release's snapshot sees the commit of the one
 before): the limit holds whatever number of orchestrators and sweepers run.
 """
 
@@ -25,8 +26,7 @@ from sqlalchemy import Connection, text
 
 from saga_tasks.core.messages import H_STEP, OutboundMessage
 from saga_tasks.persistence import outbox, recordset
-from saga_tasks.persistence.prepared import Prepared
-from saga_tasks.persistence.tables import saga_dispatch, saga_outbox
+from saga_tasks.persistence.tables import saga_dispatch
 
 COLUMNS = (
     "message_id",
@@ -106,62 +106,31 @@ def free_sql(where: str = "true") -> tuple[str, str]:
     return delete, withdraw
 
 
-_LOCK = text(
-    "SELECT count(pg_advisory_xact_lock(hashtextextended('saga_tasks.dispatch:' || q, 0))) "
-    "FROM unnest(CAST(:queues AS text[])) AS q"
+def pause_sql(where: str = "true") -> str:
+    """SQL (for a CTE) marking the rows of the sagas in ``:sagas`` (see
+    ``sagas.write_changes``) paused when a saga's new status is neither running nor
+    compensating (in review, or ended), and not paused when it is: a paused row neither
+    counts in flight nor goes out. Rows the same statement deletes or withdraws
+    (``free_sql``) are left to it, as a statement writes a row once. A command held by
+    the same decision is written not paused: only a running or compensating saga
+    sends one."""
+    pairs_of = "jsonb_to_recordset(CAST(:{} AS jsonb)) AS f(saga_id uuid, step text)"
+    return f"""UPDATE saga.saga_dispatch d SET paused = v.status NOT IN {ACTIVE}
+        FROM jsonb_to_recordset(CAST(:sagas AS jsonb)) AS v(saga_id uuid, status text)
+        WHERE d.saga_id = ANY(CAST(:saga_ids AS uuid[])) AND d.saga_id = v.saga_id
+          AND d.withdrawn_at IS NULL AND d.paused <> (v.status NOT IN {ACTIVE})
+          AND NOT EXISTS (SELECT FROM {pairs_of.format("freed")}
+                          WHERE f.saga_id = d.saga_id AND f.step = d.step)
+          AND NOT (d.sent_at IS NULL AND EXISTS (
+                   SELECT FROM {pairs_of.format("superseded")}
+                   WHERE f.saga_id = d.saga_id AND f.step = d.step))
+          AND {where}"""  # noqa: S608
+
+
+_RELEASE = text(
+    "SELECT * FROM saga.dispatch_release("
+    "CAST(:queues AS text[]), CAST(:limits AS jsonb), :most, CAST(:now AS timestamptz))"
 )
-
-
-def _release_sql() -> Prepared:
-    out_cols = ", ".join(outbox.COLUMNS)
-    sql = f"""WITH lim AS (
-          SELECT * FROM jsonb_to_recordset(CAST(:limits AS jsonb))
-              AS l(queue text, max_in_flight bigint, rate float8)),
-        bucket AS (
-          SELECT l.queue, CASE WHEN l.rate > 0 THEN least(greatest(l.rate, 1.0), coalesce(
-                   b.tokens + greatest(extract(epoch FROM :now - b.at), 0) * l.rate,
-                   greatest(l.rate, 1.0))) END AS tokens
-          FROM lim l LEFT JOIN saga.dispatch_rate b ON b.queue = l.queue),
-        room AS (
-          SELECT l.queue, greatest(least(
-            CASE WHEN l.max_in_flight > 0 THEN l.max_in_flight - (
-              SELECT count(*) FROM saga.saga_dispatch d
-              JOIN saga.saga_instance s ON s.saga_id = d.saga_id
-              WHERE d.queue = l.queue AND d.sent_at IS NOT NULL AND s.status IN {ACTIVE})
-            ELSE :most END,
-            CASE WHEN bk.tokens IS NOT NULL THEN floor(bk.tokens)::bigint ELSE :most END,
-            :most), 0) AS n
-          FROM lim l JOIN bucket bk ON bk.queue = l.queue),
-        picked AS (
-          SELECT w.message_id, w.queue FROM room r CROSS JOIN LATERAL (
-            SELECT d.message_id, d.queue FROM saga.saga_dispatch d
-            JOIN saga.saga_instance s ON s.saga_id = d.saga_id AND s.status IN {ACTIVE}
-            WHERE d.queue = r.queue AND d.sent_at IS NULL AND d.withdrawn_at IS NULL
-            ORDER BY d.created_at LIMIT r.n
-            FOR UPDATE OF d SKIP LOCKED) w),
-        sent AS (
-          UPDATE saga.saga_dispatch d SET sent_at = :now FROM picked p
-          WHERE d.message_id = p.message_id
-          RETURNING d.*),
-        spent AS (
-          INSERT INTO saga.dispatch_rate (queue, tokens, at)
-          SELECT bk.queue, bk.tokens - (SELECT count(*) FROM picked p WHERE p.queue = bk.queue),
-                 :now
-          FROM bucket bk WHERE bk.tokens IS NOT NULL
-          ON CONFLICT (queue) DO UPDATE
-            SET tokens = excluded.tokens, at = greatest(saga.dispatch_rate.at, excluded.at)
-          RETURNING 1)
-        INSERT INTO {recordset.qualified(saga_outbox)} ({out_cols})
-        SELECT {out_cols} FROM sent
-        RETURNING *"""  # noqa: S608 - identifiers are ours; values bound
-    return Prepared(
-        "saga_dispatch_release",
-        sql,
-        {"limits": "jsonb", "most": "bigint", "now": "timestamptz"},
-    )
-
-
-_RELEASE = _release_sql()
 
 
 def release(
@@ -175,11 +144,14 @@ def release(
     allows (a queue whose limit is not active: all of them), for sagas that are running
     or compensating (one in review waits for its person); the messages to publish once
     ``conn``'s transaction commits. ``now`` (the app's clock) stamps their dispatch,
-    from which their steps' deadlines run; a bucket's clock never moves back."""
+    from which their steps' deadlines run; a bucket's clock never moves back.
+
+    The work is ``saga.dispatch_release`` (migration 0006): its plan reads this table
+    alone through its partial indexes whatever the statistics say, as a queue table's
+    are wrong by nature (quiet when analysed, a backlog when read)."""
     queues = sorted(limits)
     if not queues:
         return []
-    conn.execute(_LOCK, {"queues": queues})
     param = recordset.encode(
         [
             {
@@ -190,7 +162,7 @@ def release(
             for q in queues
         ]
     )
-    result = _RELEASE.execute(conn, {"limits": param, "most": most, "now": now})
+    result = conn.execute(_RELEASE, {"queues": queues, "limits": param, "most": most, "now": now})
     return [outbox.to_message(row) for row in result]
 
 
@@ -228,16 +200,15 @@ def counts(conn: Connection) -> dict[str, QueueFlow]:
     found: dict[str, QueueFlow] = {}
     for row in conn.execute(
         text(
-            f"""SELECT d.queue,
+            """SELECT d.queue,
                   count(*) FILTER (WHERE d.sent_at IS NULL) AS waiting,
-                  count(*) FILTER (WHERE d.sent_at IS NOT NULL AND s.status IN {ACTIVE})
+                  count(*) FILTER (WHERE d.sent_at IS NOT NULL AND NOT d.paused)
                       AS in_flight,
                   coalesce(extract(epoch FROM now() - min(d.created_at)
                       FILTER (WHERE d.sent_at IS NULL)), 0) AS oldest
                 FROM saga.saga_dispatch d
-                LEFT JOIN saga.saga_instance s ON s.saga_id = d.saga_id
                 WHERE d.withdrawn_at IS NULL
-                GROUP BY d.queue"""  # noqa: S608 - a constant of ours
+                GROUP BY d.queue"""
         )
     ):
         found[row.queue] = QueueFlow(int(row.waiting), int(row.in_flight), float(row.oldest))

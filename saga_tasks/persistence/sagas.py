@@ -410,6 +410,7 @@ def _write_changes_sql() -> Prepared:
     commands = outbox.insert_sql(saga_outbox, "outbox", where=saved_all)
     held = dispatch.insert_sql("dispatch", where=saved_all)
     freed, withdrawn = dispatch.free_sql(where=saved_all)
+    paused = dispatch.pause_sql(where=saved_all)
     sql = f"""WITH saved AS ({cas}),
             steps AS ({steps} ON CONFLICT ON CONSTRAINT pk_saga_step DO UPDATE SET {updated}
                       RETURNING 1),
@@ -417,7 +418,8 @@ def _write_changes_sql() -> Prepared:
             commands AS ({commands} RETURNING 1),
             held AS ({held} RETURNING 1),
             freed AS ({freed} RETURNING 1),
-            withdrawn AS ({withdrawn} RETURNING 1)
+            withdrawn AS ({withdrawn} RETURNING 1),
+            paused AS ({paused} RETURNING 1)
             SELECT count(*) FROM saved"""  # noqa: S608 - identifiers are ours; values bound
     json_params = dict.fromkeys(
         ("sagas", "steps", "history", "outbox", "dispatch", "freed", "superseded"), "jsonb"

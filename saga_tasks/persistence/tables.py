@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     func,
     text,
 )
@@ -310,13 +311,14 @@ saga_dispatch = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("sent_at", DateTime(timezone=True)),
     Column("withdrawn_at", DateTime(timezone=True)),
+    Column("paused", Boolean, nullable=False, server_default=false()),
     Index(
         "ix_dispatch_waiting",
         "queue",
         "created_at",
-        postgresql_where=text("sent_at IS NULL AND withdrawn_at IS NULL"),
+        postgresql_where=text("sent_at IS NULL AND withdrawn_at IS NULL AND NOT paused"),
     ),
-    Index("ix_dispatch_sent", "queue", postgresql_where=text("sent_at IS NOT NULL")),
+    Index("ix_dispatch_sent", "queue", postgresql_where=text("sent_at IS NOT NULL AND NOT paused")),
     Index("ix_dispatch_saga", "saga_id", "step"),
     schema=SAGA_SCHEMA,
 )
@@ -324,7 +326,8 @@ saga_dispatch = Table(
 step answers. ``sent_at`` NULL: waiting for capacity (the message is here, not in the
 outbox); set: moved to the outbox and counted in flight. ``withdrawn_at``: never sent,
 and no longer wanted (its step answered, or its saga ended, first); kept as the record of
-a command the saga decided on that never reached the broker."""
+a command the saga decided on that never reached the broker. ``paused``: its saga is
+neither running nor compensating (in review): the row neither counts nor goes out."""
 
 dispatch_rate = Table(
     "dispatch_rate",
