@@ -6,7 +6,9 @@ start a saga, a participant's claim and reply) that is a measured share of the
 server's work (README, Performance). ``Prepared`` issues ``PREPARE`` the first
 time a pooled connection runs the statement and ``EXECUTE`` after that; the names
 prepared live in the connection's ``info``, which SQLAlchemy clears when it replaces
-the connection. A prepared statement outlives a rolled-back transaction.
+the connection. A prepared statement outlives a rolled-back transaction. It is
+prepared again after ``REPLAN_FIRST`` seconds, then at doubling intervals, so its plan
+follows the tables as they grow.
 
 Behind a PgBouncer in transaction pooling mode a session's prepared statements are
 not there on the next transaction: set ``SAGA_DB_PREPARE=0`` and the same SQL runs
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +35,14 @@ _PARAM = re.compile(r"(?<![:\w]):(\w+)")
 _LITERAL = re.compile(r"'[^']*'")
 _INFO_KEY = "saga_tasks.prepared"
 _NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
+
+REPLAN_FIRST = 5.0
+REPLAN_MOST = 300.0
+"""Seconds after which a statement is prepared again, doubling from the first to the
+most. PostgreSQL keeps a prepared statement's generic plan, made from the tables' sizes
+when it was made, until something invalidates it (an ANALYZE, which a server without
+autovacuum never runs): a plan made while a table was small reads it whole once it is
+large, or bloated. Tables change most, relative to their size, when they are young."""
 
 PREPARE_KEY = "saga_tasks.prepare"
 """In a pooled connection's ``info``: False runs the same SQL as plain text (behind
@@ -74,10 +85,15 @@ class Prepared:
         info = conn.connection.info
         if not info.get(PREPARE_KEY, True):
             return conn.execute(self._plain, params)
-        names: set[str] = info.setdefault(_INFO_KEY, set())
-        if self.name not in names:
+        names: dict[str, tuple[float, float]] = info.setdefault(_INFO_KEY, {})
+        now = time.monotonic()
+        due = names.get(self.name)
+        if due is None or now >= due[0]:
+            if due is not None:
+                conn.exec_driver_sql(f"DEALLOCATE {self.name}")
             conn.exec_driver_sql(self._prepare)  # no parameters: sent as it is
-            names.add(self.name)
+            interval = REPLAN_FIRST if due is None else min(due[1] * 2, REPLAN_MOST)
+            names[self.name] = (now + interval, interval)
         try:
             return conn.execute(self._execute, params)
         except exc.DBAPIError as error:

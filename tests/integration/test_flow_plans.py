@@ -48,7 +48,7 @@ def test_a_release_over_a_backlog_reads_no_table_whole_after_a_quiet_analyze(set
             limits = {ORDERS: dispatch.QueueLimit(max_in_flight=5)}
             released = dispatch.release(conn, limits, clock.now())
             after = reads(conn)
-        read = {t: tuple(a - b for a, b in zip(after[t], before[t])) for t in after}
+        read = {t: tuple(a - b for a, b in zip(after[t], before[t], strict=True)) for t in after}
         assert len(released) == 3, "room for three more (five, less the two out)"
         assert read["saga_dispatch"][0] == 0, read
         assert read["saga_instance"][0] == 0, read

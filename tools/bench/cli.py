@@ -90,6 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--unloaded", type=int, default=200, help="items timed one at a time")
     parser.add_argument("--warmup", type=int, default=50, help="items before each burst")
     parser.add_argument(
+        "--analyze-after-warmup",
+        action="store_true",
+        help="VACUUM ANALYZE once warm: planner statistics of quiet queues",
+    )
+    parser.add_argument(
         "--long",
         type=int,
         nargs="?",

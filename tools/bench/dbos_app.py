@@ -41,7 +41,11 @@ def system_url(database_url: str) -> str:
 def _db() -> Any:
     global _engine  # noqa: PLW0603 - one engine per executor process
     if _engine is None:
-        _engine = create_engine(os.environ["SAGA_DATABASE_URL"], pool_size=8)
+        # A step waits for one of eight connections: DBOS runs every dequeued workflow in
+        # a thread of its own, and more connections would only exhaust the server's.
+        _engine = create_engine(
+            os.environ["SAGA_DATABASE_URL"], pool_size=8, max_overflow=0, pool_timeout=60
+        )
     return _engine
 
 
@@ -92,9 +96,14 @@ def confirm_order(order_id: str, started: float) -> None:
     if _redis is None:
         import redis
 
-        _redis = redis.Redis.from_url(
-            os.environ.get("SAGA_RESULT_BACKEND", "redis://127.0.0.1:6379/0")
+        # Blocking: DBOS runs each workflow in a thread of its own, and redis-py 8 caps
+        # a pool at 100 connections (raising beyond); a step waits for one instead.
+        pool = redis.BlockingConnectionPool.from_url(
+            os.environ.get("SAGA_RESULT_BACKEND", "redis://127.0.0.1:6379/0"),
+            max_connections=32,
+            timeout=60,
         )
+        _redis = redis.Redis(connection_pool=pool)
     _redis.rpush(DONE_KEY, f"{order_id}:{started}:{time.time()}")
 
 

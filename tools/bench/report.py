@@ -95,6 +95,7 @@ def build_report(
             "orchestrators": args.orchestrators,
             "starter_threads": args.starters,
             "worker_per_queue": True,
+            "analyze_after_warmup": args.analyze_after_warmup,
         },
         "burst": args.sagas,
         "ratio_vs_chain": ratio("saga", "chain"),
