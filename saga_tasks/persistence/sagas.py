@@ -427,7 +427,13 @@ def _write_changes_sql() -> Prepared:
     return Prepared(
         "saga_write_changes",
         sql,
-        {"now": "timestamptz", "saga_ids": "uuid[]", "expected": "bigint", **json_params},
+        {
+            "now": "timestamptz",
+            "saga_ids": "uuid[]",
+            "freed_sagas": "uuid[]",
+            "expected": "bigint",
+            **json_params,
+        },
     )
 
 
