@@ -37,6 +37,7 @@ COLUMNS = (
     "routing_key",
     "headers",
     "body",
+    "paused",
 )
 ACTIVE = "('RUNNING', 'COMPENSATING')"
 MOST_PER_RELEASE = 500
@@ -57,8 +58,11 @@ class QueueLimit:
         return self.max_in_flight > 0 or self.rate_limit > 0
 
 
-def rows(messages: Sequence[OutboundMessage]) -> str:
-    """``messages`` as the JSON parameter of ``insert_sql``."""
+def rows(messages: Sequence[OutboundMessage], paused: Iterable[str] = ()) -> str:
+    """``messages`` as the JSON parameter of ``insert_sql``; those of the ``paused``
+    sagas (neither running nor compensating once the statement has written them) wait
+    paused, like that saga's other rows."""
+    stopped = set(paused)
     return recordset.encode(
         [
             {
@@ -70,6 +74,7 @@ def rows(messages: Sequence[OutboundMessage]) -> str:
                 "routing_key": m.routing_key,
                 "headers": m.headers,
                 "body": m.body,
+                "paused": m.saga_id in stopped,
             }
             for m in messages
         ]
@@ -117,9 +122,9 @@ def pause_sql(where: str = "true") -> str:
     ``sagas.write_changes``) paused when a saga's new status is neither running nor
     compensating (in review, or ended), and not paused when it is: a paused row neither
     counts in flight nor goes out. Rows the same statement deletes or withdraws
-    (``free_sql``) are left to it, as a statement writes a row once. A command held by
-    the same decision is written not paused: only a running or compensating saga
-    sends one."""
+    (``free_sql``) are left to it, as a statement writes a row once; a command held by
+    the same statement, which this one cannot see, is written paused or not from its
+    saga's new status (``params``)."""
     pairs_of = "jsonb_to_recordset(CAST(:{} AS jsonb)) AS f(saga_id uuid, step text)"
     return f"""UPDATE saga.saga_dispatch d SET paused = v.status NOT IN {ACTIVE}
         FROM jsonb_to_recordset(CAST(:sagas AS jsonb)) AS v(saga_id uuid, status text)
@@ -253,11 +258,14 @@ def params(
     held: Sequence[OutboundMessage],
     freed: Iterable[tuple[str, str]],
     superseded: Iterable[tuple[str, str]],
+    paused: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The parameters of a statement that holds commands and frees their steps' rows."""
+    """The parameters of a statement that holds commands and frees their steps' rows;
+    ``paused``: the sagas it leaves neither running nor compensating (a decision can
+    hold a command and leave its saga in review: a fence for a step done by hand)."""
     freed, superseded = list(freed), list(superseded)
     return {
-        "dispatch": rows(held),
+        "dispatch": rows(held, paused),
         "freed": pairs(freed),
         "superseded": pairs(superseded),
         "freed_sagas": sorted({s for s, _ in freed} | {s for s, _ in superseded}),

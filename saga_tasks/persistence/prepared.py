@@ -88,13 +88,14 @@ class Prepared:
         names: dict[str, tuple[float, float]] = info.setdefault(_INFO_KEY, {})
         now = time.monotonic()
         due = names.get(self.name)
-        if due is None or now >= due[0]:
-            if due is not None:
-                conn.exec_driver_sql(f"DEALLOCATE {self.name}")
-            conn.exec_driver_sql(self._prepare)  # no parameters: sent as it is
-            interval = REPLAN_FIRST if due is None else min(due[1] * 2, REPLAN_MOST)
-            names[self.name] = (now + interval, interval)
         try:
+            if due is None or now >= due[0]:
+                if due is not None:
+                    # A session that lost it (see below) fails here, not at EXECUTE.
+                    conn.exec_driver_sql(f"DEALLOCATE {self.name}")
+                conn.exec_driver_sql(self._prepare)  # no parameters: sent as it is
+                interval = REPLAN_FIRST if due is None else min(due[1] * 2, REPLAN_MOST)
+                names[self.name] = (now + interval, interval)
             return conn.execute(self._execute, params)
         except exc.DBAPIError as error:
             if getattr(error.orig, "pgcode", None) != _NO_SUCH_STATEMENT:

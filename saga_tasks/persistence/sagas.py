@@ -438,6 +438,7 @@ def _write_changes_sql() -> Prepared:
 
 
 _WRITE_CHANGES = _write_changes_sql()
+_ACTIVE_VALUES = frozenset(s.value for s in ACTIVE_SAGA)
 
 
 @dataclass
@@ -516,7 +517,12 @@ def write_changes(conn: Connection, changes: Changes, now: datetime) -> None:
             "steps": recordset.encode(changes.steps),
             "history": recordset.encode(changes.history),
             "outbox": outbox.rows(changes.messages),
-            **dispatch.params(changes.held, changes.freed, changes.superseded),
+            **dispatch.params(
+                changes.held,
+                changes.freed,
+                changes.superseded,
+                paused=[c["saga_id"] for c in changes.sagas if c["status"] not in _ACTIVE_VALUES],
+            ),
         },
     ).scalar_one()
     if saved != len(changes.sagas):

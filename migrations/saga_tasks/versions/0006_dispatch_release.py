@@ -17,6 +17,10 @@ advisory locks are taken inside it, in queue order, before the query that counts
 a volatile function's every query takes a new snapshot, so the count sees the commit
 of the release before (one round trip where there were two).
 
+Upgrade with the orchestrators of the earlier release stopped: one of them that sends a
+saga to review after this migration leaves that saga's rows unpaused (counted, and
+free to go out) until the saga moves again.
+
 Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-02
