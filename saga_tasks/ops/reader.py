@@ -1,20 +1,25 @@
-"""What an operator's read command needs, and nothing more: settings, a clock, an engine.
+"""What an operator's read command needs, and nothing more: settings, a clock, psycopg2.
 
 ``saga-tasks show``, ``list`` and ``stuck`` only read the saga tables. Loading the
 deployment's ``SagaApp`` for them would import its participants, Celery, kombu and the
-rest, most of the command's wall time; with ``SAGA_DATABASE_URL`` in the environment
-they read through this instead (the same settings every command takes from there).
+rest; even SQLAlchemy alone is most of such a command's time. With ``SAGA_DATABASE_URL``
+in the environment they read through this instead (the same settings every command
+takes from there), running ``persistence.readsql``'s SQL on one psycopg2 connection.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Engine
-
-from saga_tasks.config import Settings
+from saga_tasks.config import Settings, mask_url
 from saga_tasks.core.clock import Clock, SystemClock
-from saga_tasks.persistence.db import get_engine
+from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.persistence.readsql import Query, plain
+
+_PARAM = re.compile(r"(?<![:\w]):(\w+)")
 
 
 class Reader:
@@ -24,6 +29,39 @@ class Reader:
         self.settings = settings
         self.clock = clock or SystemClock()
 
-    @cached_property
-    def engine(self) -> Engine:
-        return get_engine(self.settings.database_url)
+    @contextmanager
+    def query(self) -> Iterator[Query]:
+        """A ``readsql.Query`` on a read-only connection of its own, closed after."""
+        import psycopg2
+        import psycopg2.extras
+
+        url = self.settings.database_url
+        _, _, rest = url.partition("://")
+        try:
+            # libpq takes the URL SQLAlchemy takes, without the driver in its scheme.
+            conn = psycopg2.connect(
+                f"postgresql://{rest}", connect_timeout=5, application_name="saga_tasks"
+            )
+        except psycopg2.OperationalError as error:
+            raise _unavailable(url, error) from error
+        try:
+            conn.set_session(readonly=True, autocommit=True)
+
+            def run(sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+                try:
+                    with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
+                        cursor.execute(_PARAM.sub(r"%(\1)s", sql), dict(params))
+                        return [plain(row) for row in cursor]
+                except (psycopg2.OperationalError, psycopg2.InterfaceError) as error:
+                    raise _unavailable(url, error) from error
+
+            yield run
+        finally:
+            conn.close()
+
+
+def _unavailable(url: str, error: BaseException) -> ServiceUnavailable:
+    lines = str(error).strip().splitlines()
+    return ServiceUnavailable(
+        "PostgreSQL", mask_url(url), lines[0] if lines else type(error).__name__
+    )

@@ -20,17 +20,33 @@ Shapes (documented in the README and pinned by tests):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus
-from saga_tasks.persistence import held as held_sql
-from saga_tasks.persistence import reads, sagas, schedule_runs
-from saga_tasks.persistence.db import translated
+from saga_tasks.ops.reader import Reader
+from saga_tasks.persistence import readsql
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
-    from saga_tasks.ops.reader import Reader
+
+# The read views of ``show``, ``list`` and ``stuck`` go through ``readsql`` and import no
+# SQLAlchemy when given a ``Reader`` (the CLI's light path); the others import what they
+# need when called.
+
+
+@contextmanager
+def _reading(app: SagaApp | Reader) -> Iterator[readsql.Query]:
+    if isinstance(app, Reader):
+        with app.query() as query:
+            yield query
+        return
+    from saga_tasks.persistence.db import query_on, translated
+
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        yield query_on(conn)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -38,10 +54,10 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def saga_view(app: SagaApp | Reader, saga_id: str) -> dict[str, Any]:
-    with translated(app.settings.database_url), app.engine.connect() as conn:
-        state = sagas.get(conn, saga_id)
-        history = sagas.history(conn, state.saga_id)
-        held_rows = reads.held_of_saga(conn, state.saga_id)
+    with _reading(app) as query:
+        state = readsql.get(query, saga_id)
+        history = readsql.history(query, state.saga_id)
+        held_rows = readsql.held_of_saga(query, state.saga_id)
     updated = state.extra.get("updated_at")
     return {
         "saga_id": state.saga_id,
@@ -95,9 +111,13 @@ def list_view(
     business_key: str | None = None,
     limit: int = 50,
 ) -> dict[str, Any]:
-    with translated(app.settings.database_url), app.engine.connect() as conn:
-        rows = sagas.list_sagas(
-            conn, status=status, saga_type=saga_type, business_key=business_key, limit=limit
+    with _reading(app) as query:
+        rows = readsql.list_sagas(
+            query,
+            status=status.value if status is not None else None,
+            saga_type=saga_type,
+            business_key=business_key,
+            limit=limit,
         )
     items = [
         {
@@ -117,6 +137,9 @@ def list_view(
 
 
 def invalid_view(app: SagaApp, *, limit: int = 50) -> dict[str, Any]:
+    from saga_tasks.persistence import reads
+    from saga_tasks.persistence.db import translated
+
     with translated(app.settings.database_url), app.engine.connect() as conn:
         rows = reads.invalid_messages(conn, limit)
     for r in rows:
@@ -140,9 +163,9 @@ def stuck(
     wanted = [s.value for s in ACTIVE_SAGA if status in (None, s.value)]
     rows = []
     if wanted:
-        with translated(app.settings.database_url), app.engine.connect() as conn:
-            rows = reads.quiet_sagas(
-                conn,
+        with _reading(app) as query:
+            rows = readsql.quiet_sagas(
+                query,
                 statuses=wanted,
                 before=cutoff,
                 saga_type=saga_type,
@@ -177,6 +200,9 @@ def held_list(
     saga_id: str | None = None,
     limit: int = 50,
 ) -> dict[str, Any]:
+    from saga_tasks.persistence import reads
+    from saga_tasks.persistence.db import translated
+
     with translated(app.settings.database_url), app.engine.connect() as conn:
         found = reads.held_messages(conn, holding, status=status, saga_id=saga_id, limit=limit)
     rows = [held_summary(r) for r in found]
@@ -185,6 +211,9 @@ def held_list(
 
 def held_show(app: SagaApp, held_id: int) -> dict[str, Any]:
     """One held message with its replay checks as they stand now."""
+
+    from saga_tasks.persistence import held as held_sql
+    from saga_tasks.persistence.db import translated
 
     with translated(app.settings.database_url), app.engine.connect() as conn:
         row = held_sql.get(conn, held_id)
@@ -233,6 +262,9 @@ def schedules_view(app: SagaApp) -> dict[str, Any]:
     last: dict[str, dict[str, Any]] = {}
     failed: dict[str, dict[str, Any]] = {}
     if names:
+        from saga_tasks.persistence import schedule_runs
+        from saga_tasks.persistence.db import translated
+
         with translated(app.settings.database_url), app.engine.connect() as conn:
             last = schedule_runs.latest(conn, names)
             failed = schedule_runs.latest_errors(conn, names)

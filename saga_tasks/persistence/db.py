@@ -16,16 +16,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import URL, Engine, create_engine, event, exc, text
+from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import mask_url
 from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable
 from saga_tasks.persistence.prepared import PREPARE_KEY
+from saga_tasks.persistence.readsql import Query, plain
 
 IDLE_PING_AFTER = 1.0
 """Seconds a pooled connection may sit unused before it is tested on checkout."""
@@ -134,3 +135,12 @@ def check_database(url: str) -> None:
             conn.execute(text("SELECT 1"))
     finally:
         engine.dispose()
+
+
+def query_on(conn: Connection) -> Query:
+    """``conn`` as a ``readsql.Query``: SQL text with ``:name`` parameters, plain rows."""
+
+    def run(sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return [plain(m) for m in conn.execute(text(sql), dict(params)).mappings()]
+
+    return run

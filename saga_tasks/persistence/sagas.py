@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,9 +18,10 @@ from sqlalchemy import BigInteger, Column, Connection, Row, func, insert, select
 from saga_tasks.core.decider import HistoryEntry
 from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.core.model import SagaState, StepState
-from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
-from saga_tasks.errors import ConcurrencyConflict, SagaNotFound
-from saga_tasks.persistence import dispatch, outbox, recordset
+from saga_tasks.core.states import ACTIVE_SAGA
+from saga_tasks.errors import ConcurrencyConflict
+from saga_tasks.persistence import dispatch, outbox, readsql, recordset
+from saga_tasks.persistence.db import query_on
 from saga_tasks.persistence.prepared import Prepared
 from saga_tasks.persistence.tables import (
     saga_history,
@@ -321,70 +321,17 @@ def claim_due(conn: Connection, now: datetime, limit: int) -> list[SagaState]:
 
 def get(conn: Connection, saga_id: str) -> SagaState:
     """``load``, or ``SagaNotFound`` naming what was asked (a bad id says so too)."""
-    try:
-        uuid.UUID(saga_id)
-    except ValueError:
-        raise SagaNotFound(f"{saga_id!r} is not a saga id (a UUID)") from None
-    state = load(conn, saga_id)
-    if state is None:
-        raise SagaNotFound(f"no saga {saga_id}")
-    return state
+    return readsql.get(query_on(conn), saga_id)
 
 
 def load(conn: Connection, saga_id: str) -> SagaState | None:
     """Like ``lock`` without the lock: for reading tools."""
-    stmt = (
-        select(saga_instance, *_STEP_COLUMNS)
-        .select_from(
-            saga_instance.outerjoin(saga_step, saga_step.c.saga_id == saga_instance.c.saga_id)
-        )
-        .where(saga_instance.c.saga_id == saga_id)
-        .order_by(saga_step.c.position)
-    )
-    rows = conn.execute(stmt).all()
-    return _to_state(rows) if rows else None
+    return readsql.load(query_on(conn), saga_id)
 
 
 def _to_state(rows: Sequence[Row[Any]], head: Mapping[Any, Any] | None = None) -> SagaState:
     """A saga from its step rows (joined with the saga's columns, or ``head`` given)."""
-    saga: Mapping[Any, Any] = head if head is not None else rows[0]._mapping
-    steps: dict[str, StepState] = {}
-    for row in rows:
-        m = row._mapping
-        if m["step"] is None:
-            continue
-        steps[m["step"]] = StepState(
-            status=StepStatus(m["step_status"]),
-            attempt=m["attempt"],
-            compensation_attempt=m["compensation_attempt"],
-            generation=m["generation"],
-            command_id=m["command_id"],
-            compensation_id=m["compensation_id"],
-            requested_at=m["requested_at"],
-            deadline=m["step_deadline"],
-            finished_at=m["step_finished_at"],
-            result=m["result"],
-            error=m["last_error"],
-            given_up=m["given_up"],
-        )
-    return SagaState(
-        saga_id=saga["saga_id"],
-        saga_type=saga["saga_type"],
-        definition_version=saga["definition_version"],
-        business_key=saga["business_key"],
-        status=SagaStatus(saga["status"]),
-        version=saga["version"],
-        payload=saga["payload"],
-        steps=steps,
-        created_at=saga["created_at"],
-        deadline=saga["deadline"],
-        reason=saga["status_reason"],
-        finished_at=saga["finished_at"],
-        correlation_id=saga["correlation_id"],
-        traceparent=saga["traceparent"],
-        extra={"updated_at": saga["updated_at"]},
-        id_key=saga["id_key"],
-    )
+    return readsql.to_state([r._mapping for r in rows], head)
 
 
 def _write_changes_sql() -> Prepared:
@@ -668,40 +615,6 @@ def payloads(conn: Connection, saga_ids: Sequence[str]) -> list[tuple[str, Mappi
         saga_instance.c.saga_id.in_(saga_ids)
     )
     return [(str(r.saga_id), r.payload) for r in conn.execute(stmt)]
-
-
-def history(conn: Connection, saga_id: str) -> list[dict[str, Any]]:
-    stmt = select(saga_history).where(saga_history.c.saga_id == saga_id).order_by(saga_history.c.id)
-    return [dict(r._mapping) for r in conn.execute(stmt)]
-
-
-def list_sagas(
-    conn: Connection,
-    *,
-    status: SagaStatus | None = None,
-    saga_type: str | None = None,
-    business_key: str | None = None,
-    limit: int = 50,
-) -> list[dict[str, Any]]:
-    stmt = select(
-        saga_instance.c.saga_id,
-        saga_instance.c.saga_type,
-        saga_instance.c.business_key,
-        saga_instance.c.status,
-        saga_instance.c.status_reason,
-        saga_instance.c.version,
-        saga_instance.c.created_at,
-        saga_instance.c.updated_at,
-        saga_instance.c.finished_at,
-    )
-    if status is not None:
-        stmt = stmt.where(saga_instance.c.status == status.value)
-    if saga_type is not None:
-        stmt = stmt.where(saga_instance.c.saga_type == saga_type)
-    if business_key is not None:
-        stmt = stmt.where(saga_instance.c.business_key == business_key)
-    stmt = stmt.order_by(saga_instance.c.created_at.desc()).limit(limit)
-    return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
 def active_counts(conn: Connection) -> dict[str, int]:

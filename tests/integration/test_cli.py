@@ -211,8 +211,9 @@ def test_text_from_outside_is_escaped_on_the_terminal(env):
 
 def test_read_commands_load_none_of_the_deployment(env, order_app):
     """``show``, ``list`` and ``stuck`` read the saga tables only: with SAGA_DATABASE_URL
-    set they import neither the app's module nor Celery, kombu or the web stack (most of
-    such a command's wall time), and say the same as through the app (``--app``)."""
+    set they import neither the app's module nor Celery, kombu, the web stack or
+    SQLAlchemy (most of such a command's wall time), and say the same as through the app
+    (``--app``)."""
     saga_id = order_app.start_saga("order", "light-1", ORDER).saga_id
     probe = (
         "import sys\n"
@@ -221,8 +222,8 @@ def test_read_commands_load_none_of_the_deployment(env, order_app):
         "    main(sys.argv[1:])\n"
         "except SystemExit as exc:\n"
         "    code = exc.code\n"
-        "heavy = sorted(m for m in ('celery', 'kombu', 'participants', 'fastapi', 'redis')\n"
-        "               if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('celery', 'kombu', 'participants', 'fastapi', 'redis',\n"
+        "                           'sqlalchemy') if m in sys.modules)\n"
         "print('HEAVY', heavy, file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
