@@ -177,6 +177,13 @@ class SenderRefused(InvalidMessage):
     recorded, counted and parked like any invalid message; it changes nothing."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of a driver's error (its ``orig`` when wrapped), for a message."""
+    orig = getattr(error, "orig", None) or error
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
+
+
 class ServiceUnavailable(SagaTasksError):
     """A backing service cannot be reached; the message names it and its masked URL."""
 

@@ -9,17 +9,14 @@ takes from there), running ``persistence.readsql``'s SQL on one psycopg2 connect
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from saga_tasks.config import Settings, mask_url
 from saga_tasks.core.clock import Clock, SystemClock
-from saga_tasks.errors import ServiceUnavailable
-from saga_tasks.persistence.readsql import Query, plain
-
-_PARAM = re.compile(r"(?<![:\w]):(\w+)")
+from saga_tasks.errors import ServiceUnavailable, first_line
+from saga_tasks.persistence.readsql import Query, plain, pyformat
 
 
 class Reader:
@@ -50,7 +47,7 @@ class Reader:
             def run(sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
                 try:
                     with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
-                        cursor.execute(_PARAM.sub(r"%(\1)s", sql), dict(params))
+                        cursor.execute(pyformat(sql), dict(params))
                         return [plain(row) for row in cursor]
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as error:
                     raise _unavailable(url, error) from error
@@ -61,7 +58,4 @@ class Reader:
 
 
 def _unavailable(url: str, error: BaseException) -> ServiceUnavailable:
-    lines = str(error).strip().splitlines()
-    return ServiceUnavailable(
-        "PostgreSQL", mask_url(url), lines[0] if lines else type(error).__name__
-    )
+    return ServiceUnavailable("PostgreSQL", mask_url(url), first_line(error))

@@ -24,7 +24,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.pool import NullPool
 
 from saga_tasks.config import mask_url
-from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable
+from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable, first_line
 from saga_tasks.persistence.prepared import PREPARE_KEY
 from saga_tasks.persistence.readsql import Query, plain
 
@@ -103,7 +103,7 @@ def translated(url: str | URL) -> Iterator[None]:
     try:
         yield
     except exc.DataError as error:
-        raise InputError(f"a value cannot be stored: {_first_line(error)}") from error
+        raise InputError(f"a value cannot be stored: {first_line(error)}") from error
     except ValueError as error:
         if "NUL" not in str(error):
             raise
@@ -111,20 +111,14 @@ def translated(url: str | URL) -> Iterator[None]:
     except exc.OperationalError as error:
         if _is_serialization_failure(error):
             raise ConcurrencyConflict(str(error.orig).strip()) from error
-        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), _first_line(error)) from error
+        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), first_line(error)) from error
     except exc.InterfaceError as error:
-        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), _first_line(error)) from error
+        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), first_line(error)) from error
 
 
 def _is_serialization_failure(error: exc.OperationalError) -> bool:
     code = getattr(error.orig, "pgcode", None)
     return code in ("40001", "40P01")
-
-
-def _first_line(error: BaseException) -> str:
-    orig = getattr(error, "orig", None) or error
-    lines = str(orig).strip().splitlines()
-    return lines[0] if lines else type(orig).__name__
 
 
 def check_database(url: str) -> None:

@@ -28,10 +28,10 @@ from typing import Any
 from sqlalchemy import Column, Connection, CursorResult, TextClause, exc, text
 
 from saga_tasks.errors import ConcurrencyConflict
+from saga_tasks.persistence.readsql import PARAM
 
 log = logging.getLogger("saga_tasks.persistence")
 
-_PARAM = re.compile(r"(?<![:\w]):(\w+)")
 _LITERAL = re.compile(r"'[^']*'")
 _INFO_KEY = "saga_tasks.prepared"
 _NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name
@@ -61,7 +61,7 @@ class Prepared:
         columns: Sequence[Column[Any]] = (),
     ) -> None:
         order: list[str] = []
-        for found in _PARAM.findall(sql):
+        for found in PARAM.findall(sql):
             if found not in order:
                 order.append(found)
         if "%" in sql:
@@ -71,7 +71,7 @@ class Prepared:
         if set(order) != set(types):
             raise ValueError(f"{name}: parameters {sorted(order)} but types for {sorted(types)}")
         self.name = name
-        numbered = _PARAM.sub(lambda m: f"${order.index(m.group(1)) + 1}", sql)
+        numbered = PARAM.sub(lambda m: f"${order.index(m.group(1)) + 1}", sql)
         declared = ", ".join(types[p] for p in order)
         self._prepare = f"PREPARE {name} ({declared}) AS {numbered}"
         execute = f"EXECUTE {name}(" + ", ".join(f"CAST(:{p} AS {types[p]})" for p in order) + ")"

@@ -9,6 +9,7 @@ and returns plain rows, UUIDs as strings whatever the driver's habit.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -19,6 +20,15 @@ from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.errors import SagaNotFound
 
 Query = Callable[[str, Mapping[str, Any]], list[dict[str, Any]]]
+
+PARAM = re.compile(r"(?<![:\w]):(\w+)")
+"""A ``:name`` parameter (not a ``::`` cast) in SQL text."""
+
+
+def pyformat(sql: str) -> str:
+    """``:name`` parameters as psycopg2's ``%(name)s``."""
+    return PARAM.sub(r"%(\1)s", sql)
+
 
 _SAGA_WITH_STEPS = """SELECT s.*, st.step, st.status AS step_status, st.attempt,
        st.compensation_attempt, st.generation, st.command_id, st.compensation_id,

@@ -111,27 +111,18 @@ def upgrade() -> None:
         "UPDATE saga.saga_dispatch d SET paused = true FROM saga.saga_instance s "
         "WHERE s.saga_id = d.saga_id AND s.status NOT IN ('RUNNING', 'COMPENSATING')"
     )
-    for name in ("ix_dispatch_waiting", "ix_dispatch_sent"):
-        op.drop_index(name, table_name="saga_dispatch", schema="saga")
-    op.create_index(
-        "ix_dispatch_waiting",
-        "saga_dispatch",
-        ["queue", "created_at"],
-        schema="saga",
-        postgresql_where=sa.text("sent_at IS NULL AND withdrawn_at IS NULL AND NOT paused"),
-    )
-    op.create_index(
-        "ix_dispatch_sent",
-        "saga_dispatch",
-        ["queue"],
-        schema="saga",
-        postgresql_where=sa.text("sent_at IS NOT NULL AND NOT paused"),
-    )
+    _indexes(" AND NOT paused")
     op.execute(RELEASE)
 
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION saga.dispatch_release(text[], jsonb, bigint, timestamptz)")
+    _indexes("")
+    op.drop_column("saga_dispatch", "paused", schema="saga")
+
+
+def _indexes(and_not_paused: str) -> None:
+    """The waiting and the sent rows' partial indexes, with ``and_not_paused`` or not."""
     for name in ("ix_dispatch_waiting", "ix_dispatch_sent"):
         op.drop_index(name, table_name="saga_dispatch", schema="saga")
     op.create_index(
@@ -139,13 +130,12 @@ def downgrade() -> None:
         "saga_dispatch",
         ["queue", "created_at"],
         schema="saga",
-        postgresql_where=sa.text("sent_at IS NULL AND withdrawn_at IS NULL"),
+        postgresql_where=sa.text(f"sent_at IS NULL AND withdrawn_at IS NULL{and_not_paused}"),
     )
     op.create_index(
         "ix_dispatch_sent",
         "saga_dispatch",
         ["queue"],
         schema="saga",
-        postgresql_where=sa.text("sent_at IS NOT NULL"),
+        postgresql_where=sa.text(f"sent_at IS NOT NULL{and_not_paused}"),
     )
-    op.drop_column("saga_dispatch", "paused", schema="saga")
