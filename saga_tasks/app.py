@@ -64,7 +64,7 @@ from saga_tasks.runtime.replay import Replayer
 from saga_tasks.runtime.schedules import Timetable
 from saga_tasks.runtime.sweeper import Sweeper
 from saga_tasks.worker.failures import Counter, FailurePolicy
-from saga_tasks.worker.tasks import WorkerParts, register
+from saga_tasks.worker.tasks import WorkerParts, register, task_gate
 
 
 class SagaApp:
@@ -202,6 +202,8 @@ class SagaApp:
             )
             for p in self.participants.values()
         }
+        self.gate = task_gate(self.topology, self.runtimes)
+        """Which task runs on which queue; workers park the rest (``core.gate``)."""
         self.holding = Holding(publisher=publisher, clock=clock)
         self.timetable = Timetable(
             self.schedules, engine=engine, start=self.orchestrator.start, clock=clock
@@ -225,6 +227,7 @@ class SagaApp:
             },
             max_age=settings.replay_max_age,
             clock=clock,
+            gate=self.gate,
         )
         self.alerts = AlertScan(
             engine=engine,
@@ -349,6 +352,7 @@ class SagaApp:
                 engine=lambda: self.engine,
                 flush=self.flush,
                 timetable=self.timetable,
+                gate=self.gate,
             ),
         )
         return celery

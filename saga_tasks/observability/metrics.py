@@ -36,6 +36,12 @@ SENDERS_REFUSED = Counter(
     "them (also counted as invalid)",
     ["consumer"],
 )
+TASKS_REFUSED = Counter(
+    "saga_task_refused_total",
+    "Deliveries a worker refused to run: a task that does not belong on its queue, or a "
+    "message asking for follow-up work (chain, callbacks, a group); parked with the reason",
+    ["queue"],
+)
 PUBLISH_FAILURES = Counter(
     "saga_publish_failures_total", "Publishes the broker did not confirm", ["path"]
 )

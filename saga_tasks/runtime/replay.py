@@ -10,6 +10,7 @@ message id, so consumers deduplicate: replaying twice has one effect.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from sqlalchemy import Connection, Engine, Table
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.decider import replay_awaits
 from saga_tasks.core.events import OperatorAction, OperatorVerb
+from saga_tasks.core.gate import TaskGate
 from saga_tasks.core.messages import H_COMMAND_ID, OutboundMessage
 from saga_tasks.core.model import SagaState
 from saga_tasks.core.senders import H_SENT_BY, publisher
@@ -64,6 +66,8 @@ class Check:
     name: str
     finding: str
     blocks: bool
+    final: bool = False
+    """No force overrides it: the message would be refused wherever it went."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,10 @@ class Replayer:
         ledgers: Mapping[str, tuple[Callable[[], Engine], Table]],
         max_age: float,
         clock: Clock,
+        gate: TaskGate | None = None,
     ) -> None:
+        self.gate = gate
+        """Which task runs on which queue: a replay the worker would refuse is refused."""
         self._engine = engine
         self._publisher = publisher
         self._act_in = act_in
@@ -131,6 +138,8 @@ class Replayer:
             )
         if not row["original_queue"]:
             checks.append(Check("destination", "its original queue is unknown", True))
+        elif self.gate is not None:
+            checks.append(self._task(row))
         if row["holding"] == PARKING:
             checks.append(
                 Check(
@@ -173,6 +182,17 @@ class Replayer:
             )
             checks.append(self._effect(conn, row["task_name"], command_id))
         return checks
+
+    def _task(self, row: Mapping[str, Any]) -> Check:
+        """Whether the worker of its queue would run it at all (``core.gate``): a replay
+        goes out as the operator's process, so it must not carry what no worker runs."""
+        assert self.gate is not None
+        queue = row["original_queue"]
+        refused = self.gate.refusal(queue, row["headers"] or {}, _decoded(row))
+        if refused is not None:
+            finding = f"the worker of {queue} would refuse it: {refused}"
+            return Check("task", finding, True, final=True)
+        return Check("task", f"{queue} runs {row['task_name']}", False)
 
     def _effect(self, conn: Connection, task_name: str | None, command_id: str | None) -> Check:
         """What the participant that owns the task recorded for the command, asked in its
@@ -224,7 +244,9 @@ class Replayer:
             row = held_sql.get(conn, held_id, lock=True)
             checks = self.checks(conn, row)
             blocking = [c for c in checks if c.blocks]
-            refused = "; ".join(c.finding for c in blocking) if blocking and not force else None
+            final = [c for c in blocking if c.final]
+            stopping = final if force else blocking
+            refused = "; ".join(c.finding for c in stopping) if stopping else None
             messages: list[OutboundMessage] = []
             if refused is None:
                 said = reason if not force else f"{reason}; forced: {force_reason}"
@@ -317,6 +339,16 @@ def _deaths(row: Mapping[str, Any]) -> Check:
             False,
         )
     return Check("deaths", f"not poison: dead-lettered {deaths} times ({reason})", False)
+
+
+def _decoded(row: Mapping[str, Any]) -> Any:
+    """A held message's body as a worker would decode it (JSON); None when it is not."""
+    if row["body_base64"] or "json" not in str(row["content_type"] or ""):
+        return None
+    try:
+        return json.loads(row["body"] or "")
+    except ValueError:
+        return None
 
 
 def _need(actor: str, reason: str) -> None:

@@ -11,7 +11,11 @@ even if the record cannot be written (the parked copy is what remains; a second 
 in the dead-letter queue would be a duplicate).
 
 Protocol 2 defers decoding to the pool; the body is decoded once here first so an
-unparseable one is caught before it becomes an anonymous task failure.
+unparseable one is caught before it becomes an anonymous task failure, and so the task
+gate (``core.gate``) can judge the delivery before Celery runs anything: a task that does
+not belong on its queue, or a message asking for follow-up work (a chain, callbacks, a
+group), is parked the same way with the reason, counted (``saga_task_refused_total``)
+and never run. The queue is the one the delivery's consumer tag consumes.
 
 Acks are written at once (``call_soon_ack``). Celery hands them to the event loop's
 ready set, and kombu's loop runs callbacks that *its own* ready callbacks scheduled
@@ -59,15 +63,52 @@ class SagaConsumer(ImmediateAckConsumer):
         handler = super().create_task_handler(*args, **kwargs)
 
         def on_task_received(message: Any) -> Any:
-            headers = getattr(message, "headers", None)
-            if isinstance(headers, dict) and "task" in headers:
-                try:
-                    message.decode()
-                except Exception as exc:  # noqa: BLE001 - any decoder error means undecodable
-                    return self.on_decode_error(message, exc)
+            try:
+                body = message.decode()
+            except Exception as exc:  # noqa: BLE001 - any decoder error means undecodable
+                return self.on_decode_error(message, exc)
+            refused = self._refusal(message, body)
+            if refused is not None:
+                return refused
             return handler(message)
 
         return on_task_received
+
+    def _refusal(self, message: Any, body: Any) -> bool | None:
+        """Park a delivery the task gate refuses (``core.gate``); True if it did."""
+        parts = getattr(self.app, "saga_parts", None)
+        if parts is None:
+            return None
+        headers = getattr(message, "headers", None)
+        task = headers.get("task") if isinstance(headers, dict) else None
+        if isinstance(task, str) and task not in getattr(self, "strategies", {}):
+            return None  # no such task here: recorded as an unknown task (on_unknown_task)
+        queue = self._queue_of(message, parts)
+        reason = parts.gate.refusal(queue, headers, body)
+        if reason is None:
+            return None
+        metrics.TASKS_REFUSED.labels(queue=queue or "?").inc()
+        log.warning(
+            "message refused by the task gate: %s",
+            reason,
+            extra={"saga_id": _header(message, "saga_id"), "message_id": _header(message, "id")},
+        )
+        self._record(message, f"refused: {reason}")
+        return True
+
+    def _queue_of(self, message: Any, parts: Any) -> str | None:
+        """The queue a delivery came from: the one its consumer tag consumes (the
+        broker's word), else what its exchange and routing key route to."""
+        delivery = getattr(message, "delivery_info", None) or {}
+        tag = delivery.get("consumer_tag")
+        active = getattr(getattr(self, "task_consumer", None), "_active_tags", None) or {}
+        for queue, consumer_tag in active.items():
+            if tag is not None and consumer_tag == tag:
+                return str(queue)
+        found: str | None = parts.topology.queue_for(
+            delivery.get("exchange"), delivery.get("routing_key")
+        )
+        return found
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         self._record(message, f"undecodable body: {type(exc).__name__}: {_short(exc)}")
@@ -151,6 +192,11 @@ class SagaConsumer(ImmediateAckConsumer):
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
         errors: tuple[type[BaseException], ...] = getattr(self, "connection_errors", ())
         return errors
+
+
+def _header(message: Any, name: str) -> str | None:
+    headers = getattr(message, "headers", None)
+    return storable.optional_text(headers.get(name)) if isinstance(headers, dict) else None
 
 
 def _short(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ from celery.signals import (
 )
 
 from saga_tasks.config import Settings
+from saga_tasks.core.gate import TaskGate
 from saga_tasks.core.messages import REPLY_TASK
 from saga_tasks.core.senders import H_SENT_BY
 from saga_tasks.errors import ServiceUnavailable
@@ -58,6 +59,18 @@ INTAKE_TASK = "saga_tasks.intake_held"
 ALERT_TASK = "saga_tasks.alert_scan"
 SAMPLE_TASK = "saga_tasks.sample_status"
 HOUSEKEEPING_TASK = "saga_tasks.housekeeping"
+MAINTENANCE_TASKS = frozenset(
+    {
+        RELAY_TASK,
+        SWEEP_TASK,
+        INTAKE_TASK,
+        ALERT_TASK,
+        SAMPLE_TASK,
+        HOUSEKEEPING_TASK,
+        FIRE_SCHEDULE_TASK,
+    }
+)
+"""What ``saga.maintenance`` runs (beat's jobs and schedule firings), and nothing else."""
 log = logging.getLogger("saga_tasks.tasks")
 
 WORKER_LOST_RETRIES = 3
@@ -84,6 +97,21 @@ class WorkerParts:
     """Wait for this process's unconfirmed publishes; False if some are left to recovery."""
     timetable: Timetable
     """The app's schedules: beat fires their ticks, a maintenance worker starts the sagas."""
+    gate: TaskGate
+    """Which task runs on which queue (``task_gate``); the consumer refuses the rest."""
+
+
+def task_gate(topology: Topology, runtimes: Mapping[str, ParticipantRuntime]) -> TaskGate:
+    """The tasks each saga queue runs: the reply task, the maintenance tasks, and each
+    participant's handlers on its own queue (two participants may share one). A command
+    queue whose participant this app does not load runs nothing here."""
+    tasks: dict[str, set[str]] = {q: set() for q in topology.command_queues}
+    tasks[REPLY_QUEUE] = {REPLY_TASK}
+    tasks[MAINTENANCE_QUEUE] = set(MAINTENANCE_TASKS)
+    for runtime in runtimes.values():
+        for handler in runtime.participant.handlers.values():
+            tasks.setdefault(handler.queue, set()).add(handler.task_name)
+    return TaskGate({queue: frozenset(names) for queue, names in tasks.items()})
 
 
 def register(celery: Celery, parts: WorkerParts) -> None:

@@ -3,10 +3,12 @@ a message that cannot be stored as it is never stops what comes behind it."""
 
 from __future__ import annotations
 
+import pytest
 from kombu import Connection
 from sqlalchemy import text
 
 from saga_tasks.core.states import SagaStatus
+from saga_tasks.errors import ActionRefused
 from saga_tasks.runtime import invalid
 from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import queue_depths, wait_for
@@ -167,3 +169,34 @@ def test_a_worker_records_parks_and_acks_a_message_with_a_nul_in_its_task_name(
 def _checks(app, row):
     with app.engine.connect() as conn:
         return app.replayer.checks(conn, row)
+
+
+def test_a_replay_the_worker_would_refuse_is_refused_even_forced(order_app, settings):
+    """A held message naming a task its queue does not run, or asking for a chain, is
+    refused by the replay's checks: replayed, it would go out as the operator's process
+    and be parked again."""
+    app = order_app
+    chain = b'[[1], {}, {"chain": [{"task": "inventory.reserve", "options": {}}]}]'
+    reply = b'[[], {}, {"callbacks": [{"task": "inventory.restock"}]}]'
+    for task, body in (("celery.accumulate", chain), ("saga_tasks.reply", reply)):
+        publish_dead_letter(settings.broker_url, {"task": task, "id": f"gate-{task}",
+                            "x-death": [{"count": 1, "reason": "rejected",
+                                         "queue": "saga.replies", "exchange": ""}]},
+                            body)  # fmt: skip
+    assert app.intake.take(DEAD_LETTER).taken == 2
+    first, second = held(app)
+    found = {c.name: c for c in _checks(app, first)}
+    assert found["task"].blocks
+    assert found["task"].finding == (
+        "the worker of saga.replies would refuse it: task 'celery.accumulate' does not run "
+        "on saga.replies"
+    )
+    found = {c.name: c for c in _checks(app, second)}
+    assert found["task"].blocks and "follow-up work (callbacks)" in found["task"].finding
+    with pytest.raises(ActionRefused, match="would refuse it"):
+        app.replayer.replay(first["id"], actor="ana", reason="try it")
+    with pytest.raises(ActionRefused, match="would refuse it"):
+        app.replayer.replay(
+            second["id"], actor="ana", reason="try it", force=True, force_reason="sure"
+        )
+    assert [h["status"] for h in held(app)] == ["pending", "pending"]
