@@ -51,6 +51,8 @@ class DeadLettered:
     """The dead message's kind: a command, a compensation or a reply."""
     step: str | None
     command_id: str | None
+    """A dead command's or compensation's own id; for a dead reply, the id of the command
+    it answers (a reply moves its saga only if that is the command the step awaits)."""
     message_id: str
     reason: str
     held_id: int

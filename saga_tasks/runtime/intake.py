@@ -414,10 +414,8 @@ def _facts(holding: str, headers: Mapping[str, Any]) -> dict[str, Any]:
         "saga_id": saga_id,
         "step": storable.optional_text(headers.get(H_STEP)),
         "kind": kind,
-        # A reply's command id names the command it answers; it is not the dead message's.
-        "command_id": storable.optional_text(headers.get(H_COMMAND_ID))
-        if kind != MessageKind.REPLY.value
-        else None,
+        # A command's own id; a reply's names the command it answers (``DeadLettered``).
+        "command_id": storable.optional_text(headers.get(H_COMMAND_ID)),
         "reply_to_kind": headers.get(H_REPLY_TO_KIND),
         "reason": reason[:500],
         "queue": queue,

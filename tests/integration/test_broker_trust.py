@@ -289,3 +289,45 @@ def test_a_forged_reply_the_orchestrator_dead_letters_is_not_attested(service_us
     )
     assert f"held by broker user {service_users.user('orchestrator')!r}" in letter["reason"]
     assert orchestrator.orchestrator.get(handle.saga_id).status is SagaStatus.RUNNING
+
+
+def test_a_dead_reply_moves_its_saga_only_naming_the_awaited_command(service_users):
+    """The step's own participant may dead-letter its replies (attested), but knowing the
+    saga's id is not enough: only a dead reply to the command the step awaits moves it."""
+    orchestrator = service_users.app("orchestrator")
+    handle = to_reserve(service_users, orchestrator, "dead-reply")
+    saga_id = handle.saga_id
+    before = orchestrator.orchestrator.get(saga_id)
+    inventory = service_users.url("inventory")
+    as_inventory = {"user_id": service_users.user("inventory")}
+
+    def dead_reply(command_id: str | None) -> None:
+        headers = {
+            "task": "saga_tasks.reply",
+            "id": str(uuid.uuid4()),
+            "saga_id": saga_id,
+            "saga_step": "reserve_stock",
+            "saga_message_kind": "reply",
+            "saga_reply_to_kind": "command",
+            "x-death": [{"count": 1, "reason": "rejected", "queue": "saga.replies"}],
+        }
+        if command_id is not None:
+            headers["saga_command_id"] = command_id
+        publish_as(inventory, "saga.dlx", "saga.replies", headers, {}, **as_inventory)
+
+    dead_reply(None)
+    dead_reply(str(uuid.uuid4()))
+    assert orchestrator.intake.take(DEAD_LETTER).taken == 2
+    assert [h["attested"] for h in held(orchestrator)] == [True, True]
+    after = orchestrator.orchestrator.get(saga_id)
+    assert (after.status, after.version) == (SagaStatus.RUNNING, before.version)
+    notes = rows(
+        orchestrator.engine,
+        "SELECT event, reason FROM saga.saga_history WHERE saga_id = :s AND event LIKE 'dead%'",
+        s=saga_id,
+    )
+    assert [n["event"] for n in notes] == ["dead_letter_recorded"] * 2
+
+    dead_reply(reserve_command_id(orchestrator, saga_id))
+    assert orchestrator.intake.take(DEAD_LETTER).taken == 1
+    assert orchestrator.orchestrator.get(saga_id).status is SagaStatus.MANUAL_REVIEW

@@ -3,7 +3,8 @@ gave up on.
 
 A step's command in the dead-letter queue gives the step up by its ``on_dead_letter``
 policy (compensate, or manual review); a dead compensation, fence or reply needs a
-person. A dead message the saga no longer awaits is written down and changes nothing.
+person. A dead message the saga no longer awaits is written down and changes nothing;
+a dead reply is awaited only when it answers the command its step waits for now.
 """
 
 from __future__ import annotations
@@ -61,8 +62,17 @@ def _awaited(tx: Transition, e: DeadLettered, step: Step, st: StepState) -> _Han
             return _dead_compensation
         if st.fencing and e.command_id == fence_id(tx.before, step.name, st):
             return _dead_fence
-    elif e.kind is MessageKind.REPLY:
-        return _dead_reply
+    elif e.kind is MessageKind.REPLY and e.command_id is not None:
+        # Only a reply to what the step awaits now: the saga's id alone is public, its
+        # command ids are not (they are keyed with the saga's secret).
+        awaited = (
+            (StepStatus.REQUESTED, st.command_id),
+            (StepStatus.COMPENSATING, st.compensation_id),
+        )
+        if (st.status, e.command_id) in awaited or (
+            st.fencing and e.command_id == fence_id(tx.before, step.name, st)
+        ):
+            return _dead_reply
     return None
 
 
