@@ -35,6 +35,7 @@ __all__ = [
     "forged_reply",
     "held",
     "publish_as",
+    "publish_task",
     "reject_one",
     "statuses",
     "to_reserve",
@@ -425,6 +426,29 @@ def publish_as(url: str, exchange: str, routing_key: str, headers: dict, kwargs:
         )
         channel.basic_publish(message, exchange=exchange, routing_key=routing_key, mandatory=True)
         channel.close()
+
+
+def publish_task(
+    url: str, exchange: str, key: str, task: str, body: list[Any], **headers: Any
+) -> str:
+    """A protocol 2 task message ``[args, kwargs, embed]`` published as whoever ``url``
+    logs in as, signed with that user (``user_id``) and confirmed; its message id."""
+    from saga_tasks.messaging.users import broker_user
+
+    message_id = str(uuid.uuid4())
+    with Connection(url) as conn:
+        channel = conn.channel()
+        channel.confirm_select()
+        message = channel.prepare_message(
+            json.dumps(body).encode(),
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"task": task, "id": message_id, **headers},
+            properties={"delivery_mode": 2, "user_id": broker_user(url)},
+        )
+        channel.basic_publish(message, exchange=exchange, routing_key=key, mandatory=True)
+        channel.close()
+    return message_id
 
 
 def reserve_command_id(app, saga_id: str) -> str:

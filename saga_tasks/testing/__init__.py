@@ -32,7 +32,7 @@ from saga_tasks.ops.isolation import (
 from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
 from saga_tasks.persistence.migrate import upgrade
 from saga_tasks.testing.invariants import Report, check_invariants
-from saga_tasks.testing.pump import drain, pump, run_command, run_reply
+from saga_tasks.testing.pump import drain, pump, refusal, run, run_command, run_reply
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
@@ -52,6 +52,8 @@ __all__ = [
     "pump",
     "queue_depths",
     "ready",
+    "refusal",
+    "run",
     "run_command",
     "run_reply",
     "wait_for",

@@ -2,7 +2,8 @@
 process, one at a time, without worker processes.
 
 Each command goes to its participant's runtime and each reply to the orchestrator,
-exactly as the worker tasks hand them over (minus Celery). Tests of a saga's logic
+exactly as the worker tasks hand them over (minus Celery), after the task gate the
+workers apply (a refused message is reported, not run). Tests of a saga's logic
 against real PostgreSQL and RabbitMQ then run in order, with no sleeps: drain, run,
 drain again, until nothing moves.
 """
@@ -24,24 +25,43 @@ if TYPE_CHECKING:
 
 def drain(broker_url: str, queue: str, limit: int = 100) -> list[dict[str, Any]]:
     """Take up to ``limit`` messages off ``queue`` (acked), as ``{headers, kwargs, args,
-    user_id}``, once this process's queued publishes are confirmed."""
+    embed, user_id, queue}``, once this process's queued publishes are confirmed."""
     flush_all()
     found: list[dict[str, Any]] = []
 
     def keep(message: RawMessage) -> bool:
-        args, kwargs, _embed = json.loads(message.body)
+        args, kwargs, embed = json.loads(message.body)
         found.append(
             {
                 "headers": dict(message.headers),
                 "kwargs": kwargs,
                 "args": args,
+                "embed": embed,
                 "user_id": message.user_id,
+                "queue": queue,
             }
         )
         return True
 
     take(broker_url, queue, keep, limit=limit)
     return found
+
+
+def refusal(app: SagaApp, message: Mapping[str, Any]) -> str | None:
+    """Why the worker of a drained message's queue would park it unrun (``core.gate``)."""
+    body = [message.get("args", []), message.get("kwargs", {}), message.get("embed")]
+    return app.gate.refusal(message.get("queue"), message["headers"], body)
+
+
+def run(app: SagaApp, message: Mapping[str, Any]) -> str:
+    """What a worker does with a drained message: park it (``refused: ...``), or hand a
+    reply to the orchestrator (its classification) or a command to its participant."""
+    refused = refusal(app, message)
+    if refused is not None:
+        return f"refused: {refused}"
+    if message.get("queue") == REPLY_QUEUE:
+        return run_reply(app, message).value
+    return run_command(app, message)
 
 
 def run_command(app: SagaApp, message: Mapping[str, Any], *, redelivered: bool = False) -> str:
@@ -78,10 +98,10 @@ def pump(app: SagaApp, broker_url: str | None = None, *, rounds: int = 50) -> li
         moved = False
         for queue in app.topology.command_queues:
             for message in drain(url, queue):
-                seen.append(f"{message['headers']['task']}:{run_command(app, message)}")
+                seen.append(f"{message['headers']['task']}:{run(app, message)}")
                 moved = True
         for message in drain(url, REPLY_QUEUE):
-            seen.append(f"reply:{run_reply(app, message).value}")
+            seen.append(f"reply:{run(app, message)}")
             moved = True
         if not moved:
             return seen

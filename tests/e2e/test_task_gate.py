@@ -10,11 +10,8 @@ either, then asserts that none had an effect.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
-
-from kombu import Connection
 
 from saga_tasks.core.messages import REPLY_TASK, command_headers
 from saga_tasks.core.states import MessageKind
@@ -22,7 +19,7 @@ from saga_tasks.messaging.topology import REPLY_ROUTING_KEY as REPLY_KEY
 from saga_tasks.messaging.topology import retry_queue
 from saga_tasks.runtime.holding import PARKING
 from saga_tasks.testing import wait_for
-from tests.helpers import ORDER, held, participant_db, rows, scalar
+from tests.helpers import ORDER, held, participant_db, publish_task, rows, scalar
 
 
 def _reserve(command_id: str, *, queue: str = "inventory.commands") -> dict[str, Any]:
@@ -51,25 +48,6 @@ def _reserve(command_id: str, *, queue: str = "inventory.commands") -> dict[str,
     }
 
 
-def _publish(url: str, exchange: str, key: str, task: str, body: list[Any], **headers: Any) -> str:
-    """A protocol 2 task message as whoever ``url`` logs in as (signed, confirmed)."""
-    user = url.split("://", 1)[1].split(":", 1)[0]
-    message_id = str(uuid.uuid4())
-    with Connection(url) as conn:
-        channel = conn.channel()
-        channel.confirm_select()
-        message = channel.prepare_message(
-            json.dumps(body).encode(),
-            content_type="application/json",
-            content_encoding="utf-8",
-            headers={"task": task, "id": message_id, **headers},
-            properties={"delivery_mode": 2, "user_id": user},
-        )
-        channel.basic_publish(message, exchange=exchange, routing_key=key, mandatory=True)
-        channel.close()
-    return message_id
-
-
 def test_no_message_makes_a_worker_run_what_is_not_its_own_or_publish_for_it(
     service_users, workers
 ):
@@ -92,26 +70,30 @@ def test_no_message_makes_a_worker_run_what_is_not_its_own_or_publish_for_it(
     # orchestrator's worker would publish the reserve as the orchestrator.
     chain = {**no_more, "chain": [_reserve(ids["chain"])]}
     sent.append(
-        _publish(payments, "saga.replies", REPLY_KEY, "celery.accumulate", [[1], {}, chain])
+        publish_task(payments, "saga.replies", REPLY_KEY, "celery.accumulate", [[1], {}, chain])
     )
     # The reply task itself, with a callback: it would run (and refuse the reply), then
     # the callback would go out as the orchestrator.
     callback = {**no_more, "callbacks": [_reserve(ids["callback"])]}
     saga_id = str(uuid.uuid4())
     body = [[], {"outcome": "success"}, callback]
-    sent.append(_publish(payments, "saga.replies", REPLY_KEY, REPLY_TASK, body, saga_id=saga_id))
+    sent.append(
+        publish_task(payments, "saga.replies", REPLY_KEY, REPLY_TASK, body, saga_id=saga_id)
+    )
     # Through inventory's retry tier: inventory's own worker would send the chain on as
     # inventory, to its own queue, where a command from itself is believed.
     tier = retry_queue("inventory.commands", 1)
     chain = {**no_more, "chain": [_reserve(ids["retry_tier"])]}
-    sent.append(_publish(payments, "saga.retry", tier, "celery.accumulate", [[1], {}, chain]))
+    sent.append(publish_task(payments, "saga.retry", tier, "celery.accumulate", [[1], {}, chain]))
     # A maintenance task and another participant's handler on the reply queue.
     body = [[], {}, no_more]
-    sent.append(_publish(payments, "saga.replies", REPLY_KEY, "saga_tasks.sample_status", body))
+    sent.append(publish_task(payments, "saga.replies", REPLY_KEY, "saga_tasks.sample_status", body))
     restock = _reserve(ids["direct"])
     body = [[], restock["kwargs"], no_more]
     headers = restock["options"]["headers"]
-    sent.append(_publish(payments, "saga.replies", REPLY_KEY, "inventory.restock", body, **headers))
+    sent.append(
+        publish_task(payments, "saga.replies", REPLY_KEY, "inventory.restock", body, **headers)
+    )
 
     inventory = participant_db(orchestrator, "inventory")
     ledger = "SELECT count(*) FROM inventory.command_ledger WHERE command_id = :c"
