@@ -80,9 +80,14 @@ class TaskGate:
         return _asks_for_more(headers, body)
 
     def _protocol_one(self, queue: str | None, body: Any) -> str | None:
+        """A message naming no task in its headers: Celery runs it as protocol 1 if its
+        body names one (refused on our queues, and for our tasks anywhere); naming none
+        at all it is not a task message, which the consumer records as such."""
         named = body.get("task") if isinstance(body, Mapping) else None
-        if self.guards(queue) or (isinstance(named, str) and self.home(named) is not None):
-            return "not a Celery protocol 2 task message (no task name in its headers)"
+        if not isinstance(named, str):
+            return None
+        if self.guards(queue) or self.home(named) is not None:
+            return "a Celery protocol 1 message (its task named in its body, not its headers)"
         return None
 
 
