@@ -95,4 +95,72 @@ def markdown(matrix: tuple[Row, ...] = MATRIX) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MATRIX", "Credential", "Row", "Verdict", "markdown"]
+SCOPES = ("read", "operate", "start")
+"""The API's scopes (``saga_tasks.web.auth``), in the README's column order."""
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    scope: str | None
+    """The scope a token needs; None: open to anyone (health, metrics, the API's docs)."""
+    text: str
+
+    def answer(self, scopes: frozenset[str] | None, *, public_read: bool = False) -> str:
+        """What a caller with ``scopes`` (None: no token) gets: ``allowed``, 401 or 403.
+        With public reads on, reads are open to anyone, with or without a token."""
+        if self.scope is None or (public_read and self.scope == "read"):
+            return "allowed"
+        if scopes is None:
+            return "401"
+        return "allowed" if self.scope in scopes else "403"
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/healthz", None, "liveness, and whether PostgreSQL answers"),
+    Route("GET", "/metrics", None, "Prometheus counters and gauges, no ids or payloads"),
+    Route("GET", "/openapi.json", None, "the API's description"),
+    Route("GET", "/docs", None, "Swagger UI"),
+    Route("POST", "/sagas/{saga_type}", "start", "start a saga"),
+    Route("GET", "/sagas", "read", "list sagas, stuck ones"),
+    Route("GET", "/sagas/{saga_id}", "read", "one saga: steps and history"),
+    Route("GET", "/schedules", "read", "the schedules and their last runs"),
+    Route("GET", "/held", "read", "held messages, without bodies"),
+    Route("GET", "/held/{held_id}", "read", "one held message; its body needs operate too"),
+    Route("POST", "/sagas/{saga_id}/{action}", "operate", "an operator action"),
+    Route("POST", "/sagas/{saga_id}/migrate", "operate", "move a saga to another version"),
+    Route("POST", "/sagas/{saga_id}/steps/{step}/signal", "operate", "decide a human step"),
+    Route("POST", "/held/{held_id}/{verb}", "operate", "replay or discard a held message"),
+    Route("GET", "/", "read", "the dashboard's overview"),
+    Route("GET", "/ui/sagas/{saga_id}", "read", "the dashboard's saga page"),
+    Route("GET", "/ui/held", "read", "the dashboard's held messages"),
+    Route("GET", "/ui/schedules", "read", "the dashboard's schedules"),
+)
+"""Every route the web app serves (static assets and the docs' assets aside)."""
+
+
+def routes_markdown(routes: tuple[Route, ...] = ROUTES) -> str:
+    """The routes as a Markdown table (the README's): what each caller gets."""
+    lines = [
+        "| route | what | no token | " + " | ".join(f"`{s}` alone" for s in SCOPES) + " |",
+        "|---|---|---|" + "---|" * len(SCOPES),
+    ]
+    for route in routes:
+        cells = [route.answer(None)] + [route.answer(frozenset({s})) for s in SCOPES]
+        name = f"`{route.method} {route.path}`"
+        lines.append(f"| {name} | {route.text} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "MATRIX",
+    "ROUTES",
+    "SCOPES",
+    "Credential",
+    "Route",
+    "Row",
+    "Verdict",
+    "markdown",
+    "routes_markdown",
+]
