@@ -24,6 +24,8 @@ the broker sends nothing until it sees an ack, so the poll waits for the next ti
 (up to a second) with every ack unsent (celery/celery#7718, kombu PR #1587). Measured
 here: a solo worker on the reply queue sat idle 54% of a burst with 1,169 replies
 ready. Acking immediately is what the loop would do next anyway, without the wait.
+Celery before 5.7 sends acks through ``call_soon`` and never calls ``call_soon_ack``:
+acks there are as correct and as slow as Celery makes them.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ class ImmediateAckConsumer(Consumer):
         """Ack (or reject) now when on the event loop's thread; see the module docstring."""
         hub = getattr(self, "hub", None)
         if hub is None or threading.get_ident() != getattr(hub, "_loop_thread", None):
-            return super().call_soon_ack(p, *args, **kwargs)  # type: ignore[misc]
+            # Celery before 5.7 has no call_soon_ack (its acks go through call_soon, the
+            # loop's slower path, which is correct): defer the way it would.
+            deferred = getattr(super(), "call_soon_ack", None) or self.call_soon
+            return deferred(p, *args, **kwargs)
         try:
             p(*args, **kwargs)
         except Exception:  # the ack of one message must not stop the consumer
