@@ -28,7 +28,7 @@ fi
 # Whatever happens from here (Ctrl-C, a failure), the services this run started stop.
 trap stop_started_services EXIT
 ensure_services
-ensure_venv
+ensure_venv web,flower
 ensure_vhost saga_demo
 say "migrating the orchestrator's database and each participant's"
 saga-tasks db upgrade

@@ -179,12 +179,13 @@ ensure_venv() {
   fi
   local stamp="$venv/.installed-${extras:-base}"
   if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ] \
-      || [ "$ROOT/tools/pyproject.toml" -nt "$stamp" ]; then
+      || [ "$ROOT/tools/pyproject.toml" -nt "$stamp" ] || [ "$ROOT/constraints/lock.txt" -nt "$stamp" ]; then
     say "installing saga_tasks${extras:+[$extras]} and its tools into the venv"
     "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$venv/bin/python" -m pip install -q -e "$ROOT${extras:+[$extras]}"
+    # The lock: the exact versions CI and the demo run (pyproject.toml declares the ranges).
+    "$venv/bin/python" -m pip install -q -c "$ROOT/constraints/lock.txt" -e "$ROOT${extras:+[$extras]}"
     # The tools (bench, chaos, demo: commands of saga-tasks) are a distribution of their own.
-    "$venv/bin/python" -m pip install -q -e "$ROOT/tools"
+    "$venv/bin/python" -m pip install -q -c "$ROOT/constraints/lock.txt" -e "$ROOT/tools"
     touch "$stamp"
   fi
   export PATH="$venv/bin:$PATH"

@@ -2,8 +2,11 @@
 the example cannot be imported, it migrates an empty database for an app of its user's
 own (one participant, one step) and runs that app's saga through real worker processes.
 
-The fresh venv borrows this environment's third-party packages through a ``.pth`` file
-(installing them again would download them); the checkout is never on its path.
+Twice: once borrowing this environment's packages (the newest, the lock) through a ``.pth``
+file, and once installed by pip with the lowest versions pyproject.toml declares
+(``constraints/lowest.txt``) and no extra, as a participant's service would install it,
+so the declared floor is true and the core needs no web stack. The checkout is never on
+the fresh venv's path.
 """
 
 from __future__ import annotations
@@ -97,12 +100,16 @@ def upgrade() -> None:
 '''
 
 PROBE = """
-import importlib.util, json, os, sys
+import importlib.metadata, importlib.util, json, os, sys
 import saga_tasks
 print(json.dumps({
     "path": [os.path.realpath(p or os.getcwd()) for p in sys.path],
     "saga_tasks": saga_tasks.__file__,
     "participants": importlib.util.find_spec("participants") is not None,
+    "fastapi": importlib.util.find_spec("fastapi") is not None,
+    "versions": {
+        name: importlib.metadata.version(name) for name in ("celery", "kombu", "sqlalchemy")
+    },
 }))
 """
 
@@ -125,6 +132,26 @@ def build_wheel(dist: Path) -> Path:
     )
     (wheel,) = dist.glob("saga_tasks-*.whl")
     return wheel
+
+
+LOWEST = REPO / "constraints" / "lowest.txt"
+
+
+def lowest_venv(venv: Path, wheel: Path) -> Path:
+    """A venv with the wheel and its dependencies at their lowest declared versions,
+    installed by pip from the package index, no extra."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+         "-c", str(LOWEST), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return python
 
 
 def fresh_venv(venv: Path, wheel: Path) -> Path:
@@ -158,7 +185,16 @@ def write_shop(app_dir: Path) -> None:
     (versions / "0001_greeter.py").write_text(textwrap.dedent(SHOP_0001))
 
 
-def test_the_wheel_alone_runs_a_users_saga_on_an_empty_database(services, tmp_path, monkeypatch):
+def lowest_declared() -> dict[str, str]:
+    pins = [line.split("==") for line in LOWEST.read_text().splitlines() if "==" in line]
+    return {name.lower(): version for name, version in pins}
+
+
+@pytest.mark.parametrize("versions", ["newest", "lowest"])
+@pytest.mark.timeout(600)
+def test_the_wheel_alone_runs_a_users_saga_on_an_empty_database(
+    services, tmp_path, monkeypatch, versions
+):
     wheel = build_wheel(tmp_path / "dist")
     names = zipfile.ZipFile(wheel).namelist()
     distribution, version = wheel.name.split("-")[:2]
@@ -168,7 +204,8 @@ def test_the_wheel_alone_runs_a_users_saga_on_an_empty_database(services, tmp_pa
     assert "saga_tasks/_migrations/versions/0001_saga_schema.py" in names
     assert not [n for n in names if "participants" in n or n.startswith(("tests/", "tools/"))]
 
-    python = fresh_venv(tmp_path / "venv", wheel)
+    make = lowest_venv if versions == "lowest" else fresh_venv
+    python = make(tmp_path / "venv", wheel)
     bin_dir = python.parent
     app_dir = tmp_path / "app"
     write_shop(app_dir)
@@ -184,6 +221,17 @@ def test_the_wheel_alone_runs_a_users_saga_on_an_empty_database(services, tmp_pa
     base = {**os.environ, "PYTHONPATH": str(app_dir), "SAGA_TASKS_APP": "shop:saga_app"}
     probe = json.loads(run(str(python), "-c", PROBE, env=base))
     assert not probe["participants"]
+    if versions == "lowest":
+        floor = lowest_declared()
+        assert probe["versions"] == {name: floor[name] for name in probe["versions"]}
+        assert not probe["fastapi"], "the core installs no web stack"
+        web = subprocess.run(
+            [str(bin_dir / "saga-tasks"), "web"], env=base, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert web.returncode == 1, web.stderr
+        assert web.stderr.startswith("error: saga-tasks web needs the web extra"), web.stderr
+        assert "pip install 'saga_tasks[web]'" in web.stderr and "Traceback" not in web.stderr
     assert Path(probe["saga_tasks"]).is_relative_to(tmp_path / "venv")
     assert str(REPO) not in probe["path"]
 

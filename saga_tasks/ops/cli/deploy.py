@@ -8,9 +8,11 @@ from typing import Any
 import click
 
 from saga_tasks.ops.cli.base import (
+    EXIT_CONFIG,
     Context,
     emit,
     errors,
+    fail,
 )
 
 
@@ -161,11 +163,18 @@ def broker_users(obj: Context, env_dir: Path, api: str | None, rotate: bool, as_
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.pass_obj
 def web(obj: Context, host: str, port: int) -> None:
-    """Serve the HTTP API, /metrics and the dashboard."""
-    import uvicorn
+    """Serve the HTTP API, /metrics and the dashboard (the ``web`` extra)."""
+    try:
+        import uvicorn
 
+        from saga_tasks.web import create_web_app
+    except ImportError as exc:  # a participant's install has no web stack
+        fail(
+            f"saga-tasks web needs the web extra ({exc.name or exc} is not installed): "
+            "pip install 'saga_tasks[web]'",
+            EXIT_CONFIG,
+        )
     from saga_tasks.observability.logs import configure_logging
-    from saga_tasks.web import create_web_app
 
     app = obj.app()
     configure_logging(app.settings)  # SAGA_LOG_FORMAT and SAGA_LOG_LEVEL, as workers do
