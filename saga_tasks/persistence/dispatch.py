@@ -202,27 +202,39 @@ class QueueFlow:
     """One queue's commands under flow control, as ``counts`` sees them."""
 
     waiting: int
+    """Commands of running or compensating sagas waiting for capacity."""
     in_flight: int
+    """Commands of running or compensating sagas sent and not yet answered."""
     oldest_wait_seconds: float
+    """How long the oldest of the ``waiting`` has waited."""
+    paused: int = 0
+    """Commands, waiting or sent, of sagas that wait for a person (in review): neither
+    waiting for capacity nor in flight until a person sends the saga on."""
 
 
 def counts(conn: Connection) -> dict[str, QueueFlow]:
-    """Waiting and in-flight commands per queue (gauges, the dashboard, admission)."""
+    """Waiting, in-flight and paused commands per queue (gauges, the dashboard,
+    admission). A paused row counts as neither waiting nor in flight: a saga in review
+    neither takes room nor asks for it, so it must not make admission control refuse
+    starts while its participant is idle."""
     found: dict[str, QueueFlow] = {}
     for row in conn.execute(
         text(
             """SELECT d.queue,
-                  count(*) FILTER (WHERE d.sent_at IS NULL) AS waiting,
+                  count(*) FILTER (WHERE d.sent_at IS NULL AND NOT d.paused) AS waiting,
                   count(*) FILTER (WHERE d.sent_at IS NOT NULL AND NOT d.paused)
                       AS in_flight,
+                  count(*) FILTER (WHERE d.paused) AS paused,
                   coalesce(extract(epoch FROM now() - min(d.created_at)
-                      FILTER (WHERE d.sent_at IS NULL)), 0) AS oldest
+                      FILTER (WHERE d.sent_at IS NULL AND NOT d.paused)), 0) AS oldest
                 FROM saga.saga_dispatch d
                 WHERE d.withdrawn_at IS NULL
                 GROUP BY d.queue"""
         )
     ):
-        found[row.queue] = QueueFlow(int(row.waiting), int(row.in_flight), float(row.oldest))
+        found[row.queue] = QueueFlow(
+            int(row.waiting), int(row.in_flight), float(row.oldest), int(row.paused)
+        )
     return found
 
 

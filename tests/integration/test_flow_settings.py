@@ -14,7 +14,15 @@ import pytest
 
 from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.ops.operator import act
-from tests.helpers import ORDER, build_order_app, drain, rows, run_command, run_reply, to_reserve
+from tests.helpers import (
+    build_order_app,
+    drain,
+    in_review_with_its_reserve_waiting,
+    rows,
+    run_command,
+    run_reply,
+    to_reserve,
+)
 
 INVENTORY = "inventory.commands"
 
@@ -44,20 +52,6 @@ def dispatch_rows(app, saga_id):
         "WHERE saga_id = :s ORDER BY created_at",
         s=saga_id,
     )
-
-
-def in_review_with_its_reserve_waiting(app, url, key):
-    """A saga whose reserve waits for capacity, sent to review by a conflicting reply to
-    its create_order (a person must look at it): its waiting row is paused."""
-    handle = app.start_saga("order", key, ORDER)
-    run_command(app, drain(url, "orders.commands")[0])
-    (reply,) = drain(url, "saga.replies")
-    run_reply(app, reply)
-    conflicting = {**reply, "headers": {**reply["headers"], "id": f"conflict-{key}"},
-                   "kwargs": {"outcome": "failure", "error": {"code": "x", "message": ""}}}  # fmt: skip
-    run_reply(app, conflicting)
-    assert app.orchestrator.get(handle.saga_id).status is SagaStatus.MANUAL_REVIEW
-    return handle
 
 
 def test_a_place_held_under_a_limit_is_given_back_when_answered_without_one(deploy, settings):
