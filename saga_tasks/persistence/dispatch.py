@@ -253,6 +253,48 @@ def out(conn: Connection, found: Sequence[tuple[str, str]]) -> set[tuple[str, st
     return {(r[0], r[1]) for r in rows}
 
 
+def take_place(
+    conn: Connection,
+    message: OutboundMessage,
+    step: str,
+    *,
+    paused: bool,
+    now: datetime,
+) -> bool:
+    """Record ``message``, published to its queue by hand (a replay), as sent at ``now``
+    for ``step``: it holds the step's place until the step answers, unless a copy of the
+    step's sent before holds it already. True when recorded."""
+    recorded = conn.execute(
+        text(
+            """INSERT INTO saga.saga_dispatch (message_id, saga_id, step, queue, task_name,
+                   routing_key, headers, body, paused, sent_at)
+               SELECT CAST(:message_id AS uuid), CAST(:saga_id AS uuid), :step, :queue,
+                      :task_name, :routing_key, CAST(:headers AS jsonb), CAST(:body AS jsonb),
+                      :paused, :now
+               WHERE NOT EXISTS (
+                   SELECT FROM saga.saga_dispatch d
+                   WHERE d.saga_id = CAST(:saga_id AS uuid) AND d.step = :step
+                     AND d.sent_at IS NOT NULL)
+               ON CONFLICT (message_id) DO UPDATE
+                   SET sent_at = excluded.sent_at, withdrawn_at = NULL, paused = excluded.paused
+               RETURNING 1"""
+        ),
+        {
+            "message_id": message.message_id,
+            "saga_id": message.saga_id,
+            "step": step,
+            "queue": message.queue,
+            "task_name": message.task_name,
+            "routing_key": message.routing_key,
+            "headers": recordset.encode(message.headers),
+            "body": recordset.encode(message.body),
+            "paused": paused,
+            "now": now,
+        },
+    ).first()
+    return recorded is not None
+
+
 def waiting_queues(conn: Connection) -> list[str]:
     """Queues with commands waiting for capacity."""
     return [
