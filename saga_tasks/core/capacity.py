@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.messages import H_STEP, OutboundMessage
 from saga_tasks.core.model import SagaState
-from saga_tasks.core.states import TERMINAL_SAGA
+from saga_tasks.core.states import ACTIVE_SAGA, TERMINAL_SAGA
 
 __all__ = ["Staged", "held_again", "stage", "takes_place"]
 
@@ -111,11 +111,18 @@ def stage(
 
 def takes_place(limited: Collection[str], queue: str | None, after: SagaState, step: str) -> bool:
     """Whether a held message replayed to ``queue`` by hand (not through the outbox) takes
-    the place of its step: the queue has a limit and the replay left the step awaiting it.
-    It goes out at once, as an operator's re-send; a step that already holds a place keeps
-    that one."""
+    the place of its step: the queue has a limit and the replay left the step awaiting it
+    in a running or compensating saga (a forced replay into an ended saga awaits nothing,
+    and a place taken there would never be given back). It goes out at once, as an
+    operator's re-send; a step that already holds a place keeps that one."""
     st = after.steps.get(step)
-    return queue is not None and queue in limited and st is not None and st.in_flight
+    return (
+        queue is not None
+        and queue in limited
+        and after.status in ACTIVE_SAGA
+        and st is not None
+        and st.in_flight
+    )
 
 
 def _queue(definition: SagaDefinition | None, step: str) -> str | None:

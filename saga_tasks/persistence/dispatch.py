@@ -258,25 +258,25 @@ def take_place(
     message: OutboundMessage,
     step: str,
     *,
-    paused: bool,
     now: datetime,
 ) -> bool:
-    """Record ``message``, published to its queue by hand (a replay), as sent at ``now``
-    for ``step``: it holds the step's place until the step answers, unless a copy of the
-    step's sent before holds it already. True when recorded."""
+    """Record ``message``, published to its queue by hand (a replay) for ``step`` of a
+    running or compensating saga, as sent at ``now``: it holds the step's place until the
+    step answers, unless a copy of the step's sent before holds it already. True when
+    recorded."""
     recorded = conn.execute(
         text(
             """INSERT INTO saga.saga_dispatch (message_id, saga_id, step, queue, task_name,
-                   routing_key, headers, body, paused, sent_at)
+                   routing_key, headers, body, sent_at)
                SELECT CAST(:message_id AS uuid), CAST(:saga_id AS uuid), :step, :queue,
                       :task_name, :routing_key, CAST(:headers AS jsonb), CAST(:body AS jsonb),
-                      :paused, :now
+                      :now
                WHERE NOT EXISTS (
                    SELECT FROM saga.saga_dispatch d
                    WHERE d.saga_id = CAST(:saga_id AS uuid) AND d.step = :step
                      AND d.sent_at IS NOT NULL)
                ON CONFLICT (message_id) DO UPDATE
-                   SET sent_at = excluded.sent_at, withdrawn_at = NULL, paused = excluded.paused
+                   SET sent_at = excluded.sent_at, withdrawn_at = NULL, paused = false
                RETURNING 1"""
         ),
         {
@@ -288,7 +288,6 @@ def take_place(
             "routing_key": message.routing_key,
             "headers": recordset.encode(message.headers),
             "body": recordset.encode(message.body),
-            "paused": paused,
             "now": now,
         },
     ).first()

@@ -32,7 +32,7 @@ from saga_tasks.core.gate import TaskGate
 from saga_tasks.core.messages import H_COMMAND_ID, OutboundMessage
 from saga_tasks.core.model import SagaState
 from saga_tasks.core.senders import H_SENT_BY, publisher
-from saga_tasks.core.states import ACTIVE_SAGA, TERMINAL_SAGA, MessageKind
+from saga_tasks.core.states import TERMINAL_SAGA, MessageKind
 from saga_tasks.errors import ActionRefused, ConfigurationError, InputError, ServiceUnavailable
 from saga_tasks.messaging.publisher import Publisher
 from saga_tasks.persistence import dispatch, sagas
@@ -313,8 +313,7 @@ class Replayer:
             saga_id=after.saga_id,
             routing_key=queue,
         )
-        paused = after.status not in ACTIVE_SAGA
-        dispatch.take_place(conn, message, step, paused=paused, now=self.clock.now())
+        dispatch.take_place(conn, message, step, now=self.clock.now())
 
     def _publish_held(
         self, conn: Connection, row: Mapping[str, Any], *, actor: str, said: str
