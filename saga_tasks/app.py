@@ -228,6 +228,7 @@ class SagaApp:
             max_age=settings.replay_max_age,
             clock=clock,
             gate=self.gate,
+            limited=self.flow.limits,
         )
         self.alerts = AlertScan(
             engine=engine,

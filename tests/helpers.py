@@ -263,6 +263,20 @@ def to_reserve(app, url, key):
     return handle
 
 
+def in_review_with_its_reserve_waiting(app, url, key):
+    """A saga whose reserve waits for capacity, sent to review by a conflicting reply to
+    its create_order (a person must look at it): its waiting row is paused."""
+    handle = app.start_saga("order", key, ORDER)
+    run_command(app, drain(url, "orders.commands")[0])
+    (reply,) = drain(url, "saga.replies")
+    run_reply(app, reply)
+    conflicting = {**reply, "headers": {**reply["headers"], "id": f"conflict-{key}"},
+                   "kwargs": {"outcome": "failure", "error": {"code": "x", "message": ""}}}  # fmt: skip
+    run_reply(app, conflicting)
+    assert app.orchestrator.get(handle.saga_id).status.value == "MANUAL_REVIEW"
+    return handle
+
+
 def reject_one(url, queue):
     """Take one message off ``queue`` and reject it: the broker dead-letters it."""
     with Connection(url) as conn:

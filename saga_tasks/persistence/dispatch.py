@@ -202,27 +202,39 @@ class QueueFlow:
     """One queue's commands under flow control, as ``counts`` sees them."""
 
     waiting: int
+    """Commands of running or compensating sagas waiting for capacity."""
     in_flight: int
+    """Commands of running or compensating sagas sent and not yet answered."""
     oldest_wait_seconds: float
+    """How long the oldest of the ``waiting`` has waited."""
+    paused: int = 0
+    """Commands, waiting or sent, of sagas that wait for a person (in review): neither
+    waiting for capacity nor in flight until a person sends the saga on."""
 
 
 def counts(conn: Connection) -> dict[str, QueueFlow]:
-    """Waiting and in-flight commands per queue (gauges, the dashboard, admission)."""
+    """Waiting, in-flight and paused commands per queue (gauges, the dashboard,
+    admission). A paused row counts as neither waiting nor in flight: a saga in review
+    neither takes room nor asks for it, so it must not make admission control refuse
+    starts while its participant is idle."""
     found: dict[str, QueueFlow] = {}
     for row in conn.execute(
         text(
             """SELECT d.queue,
-                  count(*) FILTER (WHERE d.sent_at IS NULL) AS waiting,
+                  count(*) FILTER (WHERE d.sent_at IS NULL AND NOT d.paused) AS waiting,
                   count(*) FILTER (WHERE d.sent_at IS NOT NULL AND NOT d.paused)
                       AS in_flight,
+                  count(*) FILTER (WHERE d.paused) AS paused,
                   coalesce(extract(epoch FROM now() - min(d.created_at)
-                      FILTER (WHERE d.sent_at IS NULL)), 0) AS oldest
+                      FILTER (WHERE d.sent_at IS NULL AND NOT d.paused)), 0) AS oldest
                 FROM saga.saga_dispatch d
                 WHERE d.withdrawn_at IS NULL
                 GROUP BY d.queue"""
         )
     ):
-        found[row.queue] = QueueFlow(int(row.waiting), int(row.in_flight), float(row.oldest))
+        found[row.queue] = QueueFlow(
+            int(row.waiting), int(row.in_flight), float(row.oldest), int(row.paused)
+        )
     return found
 
 
@@ -239,6 +251,47 @@ def out(conn: Connection, found: Sequence[tuple[str, str]]) -> set[tuple[str, st
         {"pairs": pairs(found)},
     )
     return {(r[0], r[1]) for r in rows}
+
+
+def take_place(
+    conn: Connection,
+    message: OutboundMessage,
+    step: str,
+    *,
+    now: datetime,
+) -> bool:
+    """Record ``message``, published to its queue by hand (a replay) for ``step`` of a
+    running or compensating saga, as sent at ``now``: it holds the step's place until the
+    step answers, unless a copy of the step's sent before holds it already. True when
+    recorded."""
+    recorded = conn.execute(
+        text(
+            """INSERT INTO saga.saga_dispatch (message_id, saga_id, step, queue, task_name,
+                   routing_key, headers, body, sent_at)
+               SELECT CAST(:message_id AS uuid), CAST(:saga_id AS uuid), :step, :queue,
+                      :task_name, :routing_key, CAST(:headers AS jsonb), CAST(:body AS jsonb),
+                      :now
+               WHERE NOT EXISTS (
+                   SELECT FROM saga.saga_dispatch d
+                   WHERE d.saga_id = CAST(:saga_id AS uuid) AND d.step = :step
+                     AND d.sent_at IS NOT NULL)
+               ON CONFLICT (message_id) DO UPDATE
+                   SET sent_at = excluded.sent_at, withdrawn_at = NULL, paused = false
+               RETURNING 1"""
+        ),
+        {
+            "message_id": message.message_id,
+            "saga_id": message.saga_id,
+            "step": step,
+            "queue": message.queue,
+            "task_name": message.task_name,
+            "routing_key": message.routing_key,
+            "headers": recordset.encode(message.headers),
+            "body": recordset.encode(message.body),
+            "now": now,
+        },
+    ).first()
+    return recorded is not None
 
 
 def waiting_queues(conn: Connection) -> list[str]:

@@ -3,7 +3,8 @@ letting a backlog grow until every saga is late.
 
 Off unless configured. ``SAGA_MAX_ACTIVE`` bounds the active sagas of a type (a number
 for every type, or ``type=N`` entries); ``SAGA_MAX_WAITING`` bounds the commands waiting
-for capacity (flow control) in any queue the saga's steps send to. A refused start raises
+for capacity (flow control) in any queue the saga's steps send to, those of sagas in review
+aside (they wait for a person, not for capacity). A refused start raises
 ``SagaOverloaded`` (HTTP 429 with ``Retry-After``, CLI exit 4) and writes nothing; a
 start whose business key already names a saga is a repeat, answered as always.
 

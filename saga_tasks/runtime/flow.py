@@ -2,9 +2,10 @@
 
 A decision's commands to a queue with a limit wait in PostgreSQL (``saga_dispatch``)
 until the queue has room, instead of piling up in RabbitMQ where a backlog turns into
-timeouts, re-sends and compensations. Room frees when a step answers, is sent again or
-given up, or its saga stops waiting on it; each transaction that frees room or holds a
-command releases what fits, and every sweep releases too (rate limits refill with time).
+timeouts, re-sends and compensations. Room frees when a step answers, is given up, or its
+saga stops waiting on it, whatever the limits then (``core.capacity`` holds that rule);
+each transaction that frees room or holds a command releases what fits, and every sweep
+releases too (rate limits refill with time).
 
 Limits come from the deployment (``SAGA_MAX_IN_FLIGHT``, ``SAGA_RATE_LIMIT``: a number for
 every queue, or entries naming a participant or a queue), then from the participant's
@@ -17,11 +18,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import Connection
 
+from saga_tasks.core import capacity
 from saga_tasks.core.clock import Clock, SystemClock
 from saga_tasks.core.definitions import SagaDefinition
-from saga_tasks.core.messages import H_STEP, OutboundMessage
+from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.core.model import SagaState
-from saga_tasks.core.states import TERMINAL_SAGA
 from saga_tasks.observability import metrics
 from saga_tasks.persistence import dispatch
 from saga_tasks.persistence.dispatch import QueueLimit
@@ -91,48 +92,20 @@ class FlowControl:
         messages: Sequence[OutboundMessage],
     ) -> set[str]:
         """Add one decision's commands to ``changes`` (the outbox, or waiting), and the
-        steps whose earlier commands stop counting; the queues where room may have
-        changed. A command sent again while a copy is out takes that copy's room and
-        goes at once: a step holds one place, and a lost copy cannot hold it while its
-        re-send waits for it forever."""
-        now, held = self.split(messages)
-        changes.messages += now
-        if not self.limits:
-            return set()
-        steps_out = dispatch.out(
-            conn,
-            [
-                (old.saga_id, m.headers[H_STEP])
-                for m in held
-                if old.steps[m.headers[H_STEP]].in_flight
-            ],
+        steps that give their place back or are sent again; the queues where room may
+        have changed. The places are given back whatever the limits now
+        (``core.capacity``): a command held under a deployment with a limit may be
+        answered under one without."""
+        again = capacity.held_again(self.limits, old, messages)
+        out = {step for _, step in dispatch.out(conn, [(old.saga_id, s) for s in again])}
+        staged = capacity.stage(
+            self.limits, definition, old=old, new=new, messages=messages, out=out
         )
-        for m in held:
-            if (old.saga_id, m.headers[H_STEP]) in steps_out:
-                changes.messages.append(m)
-            else:
-                changes.held.append(m)
-        held = [m for m in held if (old.saga_id, m.headers[H_STEP]) not in steps_out]
-        touched = {m.queue for m in held}
-        resent = {m.headers[H_STEP] for m in messages}
-        # A saga that stops waiting (review, or an end) frees its room, and one taken out
-        # of review takes it again; an ended one also withdraws what never left. One in
-        # review keeps its rows: a person may send it on.
-        moved = new.status != old.status
-        ends = moved and new.status in TERMINAL_SAGA
-        for name, before in old.steps.items():
-            after = new.steps.get(name)
-            answered = before.in_flight and (after is None or not after.in_flight)
-            if answered or ends:
-                changes.freed.append((old.saga_id, name))
-            elif before.in_flight and name in resent:
-                changes.superseded.append((old.saga_id, name))
-            queue = _queue(definition, name)
-            if queue in self.limits and (
-                answered or (moved and (before.in_flight or (after and after.in_flight)))
-            ):
-                touched.add(queue)
-        return touched
+        changes.messages += staged.sent
+        changes.held += staged.held
+        changes.freed += [(old.saga_id, step) for step in staged.freed]
+        changes.superseded += [(old.saga_id, step) for step in staged.superseded]
+        return set(staged.touched)
 
     def release(
         self, conn: Connection, queues: Iterable[str] | None = None
@@ -154,10 +127,3 @@ class FlowControl:
         for m in released:
             metrics.DISPATCHED.labels(queue=m.queue).inc()
         return released
-
-
-def _queue(definition: SagaDefinition | None, step: str) -> str | None:
-    if definition is None:
-        return None
-    found = definition.by_name.get(step)
-    return found.queue if found is not None else None

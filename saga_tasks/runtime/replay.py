@@ -5,6 +5,11 @@ message's kind and age, its failure reason and death count, whether it is a dupl
 or late, whether its effect already happened) and refuses when one fails, unless forced
 with a reason of its own. A replay publishes the stored message again under its own
 message id, so consumers deduplicate: replaying twice has one effect.
+
+A command or compensation replayed to a queue under flow control goes out at once, as an
+operator's re-send does, and takes its step's place there (``core.capacity.takes_place``):
+the step gave its place back when it was given up or its compensation died, and the
+replay, which does not pass through the outbox, must count in flight until it answers.
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, Table
 
+from saga_tasks.core import capacity
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.decider import replay_awaits
 from saga_tasks.core.events import OperatorAction, OperatorVerb
@@ -28,8 +35,8 @@ from saga_tasks.core.senders import H_SENT_BY, publisher
 from saga_tasks.core.states import TERMINAL_SAGA, MessageKind
 from saga_tasks.errors import ActionRefused, ConfigurationError, InputError, ServiceUnavailable
 from saga_tasks.messaging.publisher import Publisher
+from saga_tasks.persistence import dispatch, sagas
 from saga_tasks.persistence import held as held_sql
-from saga_tasks.persistence import sagas
 from saga_tasks.persistence.db import translated
 from saga_tasks.persistence.tables import saga_outbox
 from saga_tasks.runtime.holding import (
@@ -91,7 +98,10 @@ class Replayer:
         max_age: float,
         clock: Clock,
         gate: TaskGate | None = None,
+        limited: Collection[str] = (),
     ) -> None:
+        self.limited = frozenset(limited)
+        """The command queues under flow control: a replay to one takes its step's place."""
         self.gate = gate
         """Which task runs on which queue: a replay the worker would refuse is refused."""
         self._engine = engine
@@ -259,9 +269,10 @@ class Replayer:
                         message_kind=_kind(row["kind"]),
                         command_id=(row["headers"] or {}).get(H_COMMAND_ID),
                     )
-                    messages, _ = self._act_in(
+                    messages, after = self._act_in(
                         conn, str(row["saga_id"]), action, expect_version=expect_version
                     )
+                    self._take_place(conn, row, after)
                 self._publish_held(conn, row, actor=actor, said=said)
         if refused is not None:
             with translated(engine.url), engine.begin() as conn:
@@ -281,6 +292,28 @@ class Replayer:
             extra={"saga_id": row["saga_id"], "message_id": row["message_id"]},
         )  # fmt: skip
         return ReplayResult(held_id, True, bool(blocking), checks)
+
+    def _take_place(self, conn: Connection, row: Mapping[str, Any], after: SagaState) -> None:
+        """Count a replayed command or compensation in flight at its queue, if it has a
+        limit and the replay left the step awaiting it (see the module docstring)."""
+        kind, step, queue = row["kind"], row["step"], row["original_queue"]
+        commands = (MessageKind.COMMAND.value, MessageKind.COMPENSATION.value)
+        if kind not in commands or not step or not row["task_name"]:
+            return
+        if not capacity.takes_place(self.limited, queue, after, step):
+            return
+        decoded = _decoded(row)  # a task message: [args, kwargs, embed]
+        kwargs = decoded[1] if isinstance(decoded, list) and len(decoded) == 3 else None
+        message = OutboundMessage(
+            message_id=_uuid_or_new(row["message_id"]),
+            task_name=row["task_name"],
+            queue=queue,
+            headers=row["headers"] or {},
+            body=kwargs if isinstance(kwargs, dict) else {},
+            saga_id=after.saga_id,
+            routing_key=queue,
+        )
+        dispatch.take_place(conn, message, step, now=self.clock.now())
 
     def _publish_held(
         self, conn: Connection, row: Mapping[str, Any], *, actor: str, said: str
@@ -349,6 +382,14 @@ def _decoded(row: Mapping[str, Any]) -> Any:
         return json.loads(row["body"] or "")
     except ValueError:
         return None
+
+
+def _uuid_or_new(value: Any) -> str:
+    """The held message's id as its dispatch row's key, or a new one if it is no UUID."""
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        return str(uuid.uuid4())
 
 
 def _need(actor: str, reason: str) -> None:

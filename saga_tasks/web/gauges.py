@@ -57,7 +57,8 @@ class StateCollector(Collector):
         )
         waiting = GaugeMetricFamily(
             "saga_dispatch_waiting",
-            "Commands waiting in PostgreSQL for capacity at their queue (flow control)",
+            "Commands waiting in PostgreSQL for capacity at their queue (flow control), "
+            "sagas in review aside",
             labels=["queue"],
         )
         in_flight = GaugeMetricFamily(
@@ -68,6 +69,11 @@ class StateCollector(Collector):
         oldest = GaugeMetricFamily(
             "saga_dispatch_oldest_wait_seconds",
             "How long the oldest command waiting for capacity has waited",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "saga_dispatch_paused",
+            "Commands of sagas in review, waiting or sent: neither waiting nor in flight",
             labels=["queue"],
         )
         with self._engine().connect() as conn:
@@ -90,6 +96,7 @@ class StateCollector(Collector):
                 waiting.add_metric([queue], flow.waiting)
                 in_flight.add_metric([queue], flow.in_flight)
                 oldest.add_metric([queue], flow.oldest_wait_seconds)
+                paused.add_metric([queue], flow.paused)
         yield sagas
         yield active
         yield lag
@@ -97,6 +104,7 @@ class StateCollector(Collector):
         yield waiting
         yield in_flight
         yield oldest
+        yield paused
         depth = GaugeMetricFamily("saga_queue_depth", "Ready messages in a queue", labels=["queue"])
         for name, n in queue_depths(self.broker_url, self.queues).items():
             depth.add_metric([name], n)

@@ -19,12 +19,14 @@ from tests.helpers import (
     ORDER,
     build_order_app,
     drain,
+    in_review_with_its_reserve_waiting,
     pump,
     rows,
     run_command,
     run_reply,
     saga_cli,
     scalar,
+    to_reserve,
 )
 
 AUTH = {"Authorization": f"Bearer {ANA_TOKEN}"}
@@ -180,3 +182,32 @@ def test_the_backlog_of_each_participant_is_seen_on_metrics_and_the_dashboard(li
     row = page.split('data-queue="inventory.commands"')[1].split("</tr>")[0]
     cells = [c.split(">")[-1] for c in row.split("</td>")[:-1]]
     assert cells[:4] == ["inventory.commands", "2", "2", "2"], cells
+
+
+def test_a_saga_in_review_is_neither_waiting_for_capacity_nor_in_flight(settings):
+    """``dispatch.counts`` counted every unsent row as waiting, paused ones too: a saga
+    waiting for a person made ``SAGA_MAX_WAITING`` refuse every start of any saga type
+    sending to that queue, while the participant was idle, and the waiting and oldest-wait
+    gauges said commands were waiting for capacity that were waiting for a person."""
+    app = build_order_app(dataclasses.replace(settings, max_in_flight="inventory=1", max_waiting=1))
+    app.admission.refresh = 0  # read the counts at every start
+    url = settings.broker_url
+    try:
+        a = to_reserve(app, url, "fp-a")  # A's reserve holds the only place
+        b = in_review_with_its_reserve_waiting(app, url, "fp-b")
+        (a_reserve,) = drain(url, "inventory.commands")
+        run_command(app, a_reserve)
+        (reply,) = drain(url, "saga.replies")
+        run_reply(app, reply)  # the participant is idle: nothing of A's is out
+        assert drain(url, "inventory.commands") == [], "B waits for a person, not for room"
+        with TestClient(create_web_app(app), headers=AUTH) as client:
+            metrics = client.get("/metrics").text
+        assert 'saga_dispatch_waiting{queue="inventory.commands"} 0.0' in metrics
+        assert 'saga_dispatch_oldest_wait_seconds{queue="inventory.commands"} 0.0' in metrics
+        assert 'saga_dispatch_in_flight{queue="inventory.commands"} 0.0' in metrics
+        assert 'saga_dispatch_paused{queue="inventory.commands"} 1.0' in metrics
+        assert app.start_saga("order", "fp-c", ORDER).created, "refused for B's person"
+        assert app.orchestrator.get(a.saga_id).status is SagaStatus.RUNNING
+        assert app.orchestrator.get(b.saga_id).status is SagaStatus.MANUAL_REVIEW
+    finally:
+        app.close()

@@ -10,13 +10,14 @@ from datetime import timedelta
 
 import pytest
 
-from saga_tasks.core.states import SagaStatus
+from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.ops.operator import act
 from saga_tasks.runtime.holding import DEAD_LETTER
 from tests.helpers import (
     ORDER,
     build_order_app,
     drain,
+    held,
     reject_one,
     rows,
     run_command,
@@ -239,3 +240,43 @@ def test_a_release_with_an_earlier_clock_does_not_hand_out_time_twice(settings, 
         assert release_at(1.5) == 0, "half a second after the last, a token was handed out"
     finally:
         app.close()
+
+
+def in_flight(app, queue):
+    return scalar(
+        app.engine,
+        "SELECT count(*) FROM saga.saga_dispatch WHERE queue = :q AND sent_at IS NOT NULL "
+        "AND NOT paused",
+        q=queue,
+    )
+
+
+def test_a_replayed_compensation_holds_its_place_at_the_queue(one_out, settings):
+    """``saga-tasks held replay`` publishes the stored message straight to its queue, not
+    through the outbox: a dead compensation replayed is awaited again (the saga resumes
+    compensating), yet its step had given its place back when the compensation died, and
+    the replay took none. The participant then had the replay and the next saga's reserve
+    out at once on a queue limited to one, and the count said nothing was in flight."""
+    app, url = one_out, settings.broker_url
+    a = to_reserve(app, url, "fy-a")
+    reject_one(url, INVENTORY)  # A's reserve dies: given up, its compensation goes out
+    app.intake.take(DEAD_LETTER)
+    reject_one(url, INVENTORY)  # the compensation dies too: a person must look
+    app.intake.take(DEAD_LETTER)
+    assert app.orchestrator.get(a.saga_id).status is SagaStatus.MANUAL_REVIEW
+    (dead,) = [h for h in held(app) if h["task_name"] == "inventory.release"]
+    app.replayer.replay(dead["id"], actor="ana", reason="inventory fixed")
+    assert app.orchestrator.get(a.saga_id).status is SagaStatus.COMPENSATING
+    assert in_flight(app, INVENTORY) == 1, "the replayed compensation is not counted"
+
+    b = to_reserve(app, url, "fy-b")
+    (replayed,) = drain(url, INVENTORY)
+    assert replayed["headers"]["saga_id"] == a.saga_id, "B's reserve went past the limit"
+    assert [r["step"] for r in waiting_rows(app, b.saga_id)] == ["reserve_stock"]
+    run_command(app, replayed)
+    (reply,) = drain(url, "saga.replies")
+    run_reply(app, reply)  # the compensation answers: its place goes to B's reserve
+    assert app.orchestrator.get(a.saga_id).steps["reserve_stock"].status is StepStatus.COMPENSATED
+    (released,) = drain(url, INVENTORY)
+    assert released["headers"]["saga_id"] == b.saga_id
+    assert in_flight(app, INVENTORY) == 1

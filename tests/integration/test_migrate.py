@@ -172,3 +172,45 @@ def test_the_step_rows_follow_the_version_moved_to(apps, settings):
         assert moved["detail"]["dropped_steps"] == ["authorize_payment", "confirm_order"]
     finally:
         app.close()
+
+
+def test_a_step_the_new_version_adds_is_sent_at_once_under_flow_control(apps, settings):
+    """``migrate`` staged its decision for flow control against the saga before the move
+    (``FlowControl.stage``, ``old.steps[step]``), where a step the new version adds is
+    not: a new step whose parents have succeeded raised ``KeyError`` (flow control is on by
+    default), the migration rolled back and the API answered 500."""
+    from dataclasses import replace
+
+    from participants import inventory, orders, payments
+    from saga_tasks import SagaApp, step
+    from tests.versioned_app import order_versions
+
+    v1 = order_versions()[1]
+    audit = step("audit", "orders.audit", queue="orders.commands", depends_on=["create_order"])
+    v3 = replace(v1, steps=(*v1.steps, audit), version=3)
+    app = SagaApp(
+        sagas=[v1, v3],
+        participants=[orders.participant, inventory.participant, payments.participant],
+        settings=settings,
+    )
+    url = settings.broker_url
+    try:
+        assert app.flow.limits["orders.commands"].max_in_flight == 32, "the default limit"
+        saga_id = v1_saga(apps, url, "m-5", replies=1)  # create_order succeeded
+        with TestClient(create_web_app(app), headers={"Authorization": f"Bearer {ANA_TOKEN}"}) as c:
+            r = c.post(f"/sagas/{saga_id}/migrate", json={"reason": "audit", "to_version": 3})
+        assert r.status_code == 200, r.text
+        assert r.json()["definition_version"] == 3
+        after = app.orchestrator.get(saga_id)
+        assert after.steps["audit"].status is StepStatus.REQUESTED
+        (sent,) = drain(url, "orders.commands")
+        assert (sent["headers"]["task"], sent["headers"]["saga_step"]) == ("orders.audit", "audit")
+        # Sent under flow control: it holds a place at its queue until it answers.
+        placed = rows(
+            app.engine,
+            "SELECT step, sent_at IS NOT NULL AS sent FROM saga.saga_dispatch WHERE saga_id = :s",
+            s=saga_id,
+        )
+        assert {(r["step"], r["sent"]) for r in placed} >= {("audit", True)}
+    finally:
+        app.close()

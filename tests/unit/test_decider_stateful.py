@@ -215,18 +215,26 @@ class SagaWorld(RuleBasedStateMachine):
         self.driver.now += timedelta(seconds=seconds)
         now, before = self.driver.now, self.driver.state
         wake = before.next_wake_at()
-        if wake is None or wake > now:
-            return
-        event = DeadlinePassed({"p.commands": backlog})
-        decision = decide(self.defn, before, event, now)
-        after = decision.state.next_wake_at()
-        if after is not None and after <= now:
-            steps = ", ".join(f"{n} {x.status.value}" for n, x in decision.state.steps.items())
-            self.handed_over.append(f"left due after a sweep ({decision.state.status}: {steps})")
-            decision = hand_over(before, "a deadline passed and nothing was due for it")
-        self.driver.decisions.append(decision)
-        self.driver.state = decision.state
-        self._decide(before, decision)
+        if wake is not None and wake <= now:
+            decision = decide(self.defn, before, self._deadline_passed(backlog), now)
+            after = decision.state.next_wake_at()
+            if after is not None and after <= now:
+                steps = ", ".join(f"{n} {x.status.value}" for n, x in decision.state.steps.items())
+                self.handed_over.append(
+                    f"left due after a sweep ({decision.state.status}: {steps})"
+                )
+                decision = hand_over(before, "a deadline passed and nothing was due for it")
+            self.driver.decisions.append(decision)
+            self.driver.state = decision.state
+            self._decide(before, decision)
+        self._swept()
+
+    def _deadline_passed(self, backlog: int) -> DeadlinePassed:
+        """The sweeper's event (a world with flow control adds when commands left)."""
+        return DeadlinePassed({"p.commands": backlog})
+
+    def _swept(self) -> None:
+        """What a sweep does besides deciding (a world with flow control releases)."""
 
     @rule(
         verb=st.sampled_from([v for v in OperatorVerb if v is not OperatorVerb.REPLAY]),
@@ -273,6 +281,10 @@ class SagaWorld(RuleBasedStateMachine):
             return
         self.commands.append(command)
         self._decide(before, decision, operator=True)
+        self._replayed(command)
+
+    def _replayed(self, command: CommandIntent) -> None:
+        """What a replay does besides its decision (a world with flow control counts it)."""
 
     @rule()
     def a_bogus_reply_arrives(self) -> None:
