@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
-from saga_tasks.errors import ConfigurationError, ServiceUnavailable
+from saga_tasks.errors import ConfigurationError, ServiceUnavailable, WebhookRefused
+from saga_tasks.observability import webhook
 
 T = TypeVar("T")
 
@@ -187,7 +187,16 @@ class Settings:
     alert_webhook: str = _env(
         "SAGA_ALERT_WEBHOOK",
         "",
-        "http(s) URL that receives each alert as a JSON POST (empty: alerts are log lines only).",
+        "http(s) URL that receives each alert as a JSON POST (empty: alerts are log lines "
+        "only); no credentials in it, never a redirect followed, never to a loopback, "
+        "link-local or unspecified address (its host's every address is checked).",
+    )
+    alert_webhook_allow_local: bool = _env(
+        "SAGA_ALERT_WEBHOOK_ALLOW_LOCAL",
+        False,
+        "1 lets SAGA_ALERT_WEBHOOK reach loopback and link-local addresses (a webhook server "
+        "on this host); otherwise refused, so that no URL, name or redirect makes the "
+        "alerter a client of this host's services or a cloud's metadata endpoint.",
     )
     api_tokens: str = _env(
         "SAGA_API_TOKENS",
@@ -388,12 +397,12 @@ class Settings:
                 "next, and the dashboard's counts over time stay empty"
             )
         if self.alert_webhook:
-            hook = urlsplit(self.alert_webhook)
-            if hook.scheme not in ("http", "https") or not hook.hostname:
-                raise ConfigurationError(
-                    "SAGA_ALERT_WEBHOOK must be an http(s) URL with a host (or empty): the "
-                    "alert scan would fail on every pass and send no alert at all"
+            try:
+                webhook.check_url(
+                    self.alert_webhook, allow_local=self.alert_webhook_allow_local, resolve=True
                 )
+            except WebhookRefused as refused:
+                raise WebhookRefused(f"SAGA_ALERT_WEBHOOK {refused}") from None
 
     @property
     def beat_max_interval(self) -> float:
