@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import ServiceUnavailable, WebhookRefused
-from saga_tasks.observability import webhook
+from saga_tasks.observability import logs, webhook
 from saga_tasks.persistence import alerts as alert_sql
 from saga_tasks.persistence.alerts import MANUAL_REVIEW, STUCK
 from saga_tasks.persistence.db import translated
@@ -54,15 +54,18 @@ class LogAlerter:
     name = "log"
 
     def send(self, alert: Alert) -> None:
-        log.error(
-            "ALERT %s: saga %s (%s) is %s, idle %.0f s%s",
+        logs.alert(
+            log,
+            "%s: saga %s (%s) is %s, idle %.0f s%s",
             alert.condition,
             alert.saga_id,
             alert.saga_type,
             alert.status,
             alert.idle_seconds,
             f": {alert.reason}" if alert.reason else "",
-            extra={"saga_id": alert.saga_id, "saga_type": alert.saga_type, "reason": alert.reason},
+            saga_id=alert.saga_id,
+            saga_type=alert.saga_type,
+            reason=alert.reason,
         )
 
 
