@@ -234,7 +234,9 @@ class SagaApp:
             engine=engine,
             clock=clock,
             stuck_after=settings.stuck_after,
-            alerters=alerters_for(settings.alert_webhook),
+            alerters=alerters_for(
+                settings.alert_webhook, allow_local=settings.alert_webhook_allow_local
+            ),
         )
         self.maintenance = Maintenance(
             engine=engine,

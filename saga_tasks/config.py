@@ -13,9 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
-from saga_tasks.errors import ConfigurationError, ServiceUnavailable
+from saga_tasks.errors import (
+    ConfigurationError,
+    ServiceUnavailable,
+    WebhookRefused,
+    first_line,
+)
+from saga_tasks.observability import webhook
 
 T = TypeVar("T")
 
@@ -187,7 +192,16 @@ class Settings:
     alert_webhook: str = _env(
         "SAGA_ALERT_WEBHOOK",
         "",
-        "http(s) URL that receives each alert as a JSON POST (empty: alerts are log lines only).",
+        "http(s) URL that receives each alert as a JSON POST (empty: alerts are log lines "
+        "only); no credentials in it, never a redirect followed, never to a loopback, "
+        "link-local or unspecified address (its host's every address is checked).",
+    )
+    alert_webhook_allow_local: bool = _env(
+        "SAGA_ALERT_WEBHOOK_ALLOW_LOCAL",
+        False,
+        "1 lets SAGA_ALERT_WEBHOOK reach loopback and link-local addresses (a webhook server "
+        "on this host); otherwise refused, so that no URL, name or redirect makes the "
+        "alerter a client of this host's services or a cloud's metadata endpoint.",
     )
     api_tokens: str = _env(
         "SAGA_API_TOKENS",
@@ -287,7 +301,7 @@ class Settings:
             check_url("SAGA_DATABASE_URL", self.database_url)
         for url in self._participant_urls().values():
             check_url("SAGA_PARTICIPANT_DATABASE_URL", url.replace("{participant}", "p"))
-        check_url("SAGA_BROKER_URL", self.broker_url)
+        check_url("SAGA_BROKER_URL", self.broker_url, failover=True)
         check_url("SAGA_RESULT_BACKEND", self.result_backend)
         if not re.fullmatch(r"[A-Za-z0-9._-]*", self.broker_user_prefix):
             raise ConfigurationError("SAGA_BROKER_USER_PREFIX: letters, digits, '.', '_', '-'")
@@ -388,12 +402,12 @@ class Settings:
                 "next, and the dashboard's counts over time stay empty"
             )
         if self.alert_webhook:
-            hook = urlsplit(self.alert_webhook)
-            if hook.scheme not in ("http", "https") or not hook.hostname:
-                raise ConfigurationError(
-                    "SAGA_ALERT_WEBHOOK must be an http(s) URL with a host (or empty): the "
-                    "alert scan would fail on every pass and send no alert at all"
+            try:
+                webhook.check_url(
+                    self.alert_webhook, allow_local=self.alert_webhook_allow_local, resolve=True
                 )
+            except WebhookRefused as refused:
+                raise WebhookRefused(f"SAGA_ALERT_WEBHOOK {refused}") from None
 
     @property
     def beat_max_interval(self) -> float:
@@ -586,56 +600,120 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+_MUST_ENCODE = re.compile(r"[/#?@\[\]\s]|%(?![0-9A-Fa-f]{2})")
+"""What a URL's user or password must not hold raw: each parser (libpq, SQLAlchemy, kombu,
+urllib) reads it otherwise, and quotes the pieces it misread in its errors."""
+_PIECE = re.compile(r"[^/#?@:\s]+")
+"""A piece of a password written raw: where a parser may cut it, it ends."""
+
+
+def _parts(url: str) -> tuple[str, str | None, str] | None:
+    """(scheme, credentials or None, the rest) of ``url``, read by hand; None if it is not
+    ``scheme://...``. The credentials are everything between ``://`` and the last ``@``
+    (a raw ``/``, ``#``, ``?`` or ``@`` in a password does not end them early)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    at = rest.rfind("@")
+    if at < 0:
+        return scheme, None, rest
+    return scheme, rest[:at], rest[at + 1 :]
+
+
+def _bad_port(location: str) -> bool:
+    """Whether the port of ``host[:port][/...]`` is written but is not a number."""
+    hostport = re.split(r"[/?#]", location, maxsplit=1)[0]
+    if hostport.startswith("["):
+        _host, _bracket, after = hostport.partition("]")
+        port = after[1:] if after.startswith(":") else ""
+    else:
+        port = hostport.rpartition(":")[2] if ":" in hostport else ""
+    return bool(port) and not port.isdigit()
+
+
+def malformed(url: str) -> str | None:
+    """Why ``url`` cannot be read the same by every parser (what to do about it, without a
+    piece of it); None if it can."""
+    parts = _parts(url)
+    if parts is None:
+        return None
+    _scheme, credentials, location = parts
+    if credentials is not None and _MUST_ENCODE.search(credentials):
+        return (
+            "its user or password holds a raw / # ? @ [ ] % or space; percent-encode it "
+            "(%2F %23 %3F %40 %5B %5D %25 %20)"
+        )
+    if _bad_port(location):
+        return "its port is not a number (a password with a raw / # or ? ends where it should not)"
+    return None
+
+
 def mask_url(url: str) -> str:
     """The URL with its password replaced by ``***``, safe for logs and error messages.
 
     Read by hand, not by ``urlsplit``: an unencoded ``/``, ``#`` or ``?`` in a password
     would end the netloc early and leave the password in the "path". Everything between
-    the scheme and the last ``@`` is credentials; the part after its first ``:`` is masked.
+    the scheme and the last ``@`` is credentials; of well-formed ones the part after the
+    first ``:`` is masked, of malformed ones (``malformed``) all of them; and a URL whose
+    port is no number (a password cut short, no ``@`` left) shows its scheme only.
     """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    parts = _parts(url)
+    if parts is None:
         return "<not a url>" if "@" in url else url
-    at = rest.rfind("@")
-    if at < 0:
+    scheme, credentials, location = parts
+    if _bad_port(location):
+        return f"{scheme}://***" if credentials is None else f"{scheme}://***@{location}"
+    if credentials is None:
         return url
-    user, colon, _password = rest[:at].partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{rest[at + 1 :]}"
+    if _MUST_ENCODE.search(credentials):
+        return f"{scheme}://***@{location}"
+    user, colon, _password = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{location}"
 
 
 def _piece(entry: str) -> str:
-    """A piece of a setting split at spaces, safe to quote: with no ``@`` after its scheme
-    it may be a URL cut inside its password (an unencoded space), so only the scheme shows."""
-    scheme, sep, rest = entry.partition("://")
-    if sep and "@" not in rest:
+    """A piece of a setting split at spaces, safe to quote: it may be a URL cut inside its
+    password (an unencoded space), even after an ``@`` in it, so of a URL only the scheme
+    (and the name before it) shows."""
+    scheme, sep, _rest = entry.partition("://")
+    if sep:
         return f"{scheme}://..."
     return mask_url(entry)
 
 
-def check_url(name: str, url: str) -> None:
-    """Refuse, in one line, a setting that is not a URL at all (``scheme://...``)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or not scheme or not rest or not scheme.replace("+", "").isalnum():
-        raise ConfigurationError(f"{name} is not a URL (scheme://...): {mask_url(url)}")
+def check_url(name: str, url: str, *, failover: bool = False) -> None:
+    """Refuse, in one line, a setting that is not a URL at all (``scheme://...``), or one
+    that is malformed (``malformed``), naming it masked; ``failover``: a ``;``-separated
+    list of URLs (a broker's), each checked."""
+    for one in url.split(";") if failover else [url]:
+        scheme, sep, rest = one.partition("://")
+        if not sep or not scheme or not rest or not scheme.replace("+", "").isalnum():
+            raise ConfigurationError(f"{name} is not a URL (scheme://...): {mask_url(one)}")
+        why = malformed(one)
+        if why is not None:
+            raise ConfigurationError(f"{name} is malformed: {why}: {mask_url(one)}")
 
 
 def scrub(text: str, url: str) -> str:
-    """``text`` (a driver's error, say) with the URL's password and each piece of it taken
-    out: a library that misreads an unencoded ``/``, ``#`` or ``?`` quotes a fragment."""
-    _scheme, sep, rest = url.partition("://")
-    at = rest.rfind("@")
-    if not sep or at < 0 or ":" not in rest[:at]:
+    """``text`` (a driver's error, say) with the URL's password, each piece of it and each
+    run of pieces taken out: a library that misreads an unencoded ``/``, ``#``, ``?``,
+    ``@``, ``:`` or space quotes a fragment (of malformed credentials, the user's part
+    too: where it ends is not sure)."""
+    parts = _parts(url)
+    credentials = parts[1] if parts is not None else None
+    if not credentials:
         return text
-    password = rest[:at].partition(":")[2]
-    for piece in sorted({password, *re.split(r"[/#?@:]", password)}, key=len, reverse=True):
-        if len(piece) >= 2:
-            text = text.replace(piece, "***")
+    _user, _colon, password = credentials.partition(":")
+    secret = credentials if _MUST_ENCODE.search(credentials) else password
+    pieces = [m.span() for m in _PIECE.finditer(secret)]
+    runs = {secret[a:b] for i, (a, _) in enumerate(pieces) for _, b in pieces[i:]}
+    for run in sorted(runs, key=len, reverse=True):
+        if len(run) >= 2:
+            text = text.replace(run, "***")
     return text
 
 
 def unavailable(service: str, url: str, error: BaseException) -> ServiceUnavailable:
     """A ``ServiceUnavailable`` naming the service at ``url`` (masked) with the first line
     of ``error`` (scrubbed of the password)."""
-    lines = str(error).strip().splitlines()
-    detail = lines[0] if lines else type(error).__name__
-    return ServiceUnavailable(service, mask_url(url), scrub(detail, url)[:300])
+    return ServiceUnavailable(service, mask_url(url), scrub(first_line(error), url)[:300])

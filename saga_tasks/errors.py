@@ -15,6 +15,7 @@
     │   │   ├── UnknownScheduledSaga
     │   │   └── InvalidScheduledPayload
     │   ├── UnknownDefinitionVersion  a running saga's definition is not loaded here
+    │   ├── WebhookRefused            the alert webhook points where no alert may go
     │   └── TopologyMismatch          a queue exists on the broker with other arguments,
     │                                 or is missing where the deploy step declares it
     ├── InputError                    refuse: the caller sent something wrong (CLI exit 2)
@@ -125,6 +126,12 @@ class UnknownDefinitionVersion(ConfigurationError):
 class TopologyMismatch(ConfigurationError):
     """A queue or exchange exists on the broker with arguments other than ours, or is
     missing where the deploy step (not the workers) declares the topology."""
+
+
+class WebhookRefused(ConfigurationError):
+    """``SAGA_ALERT_WEBHOOK``, or an address its host resolves to, is one the alerter must
+    not reach (``observability.webhook``); the message names the host, never the path or
+    query, where a token may sit."""
 
 
 class InputError(SagaTasksError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kombu import Connection
@@ -21,10 +21,21 @@ class RawMessage:
     body: bytes
     user_id: str | None = None
     """The broker user that published it, as RabbitMQ validated it; None if it set none."""
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    """Every AMQP property as delivered (message id, timestamp, ...), headers aside."""
+    exchange: str = ""
+    routing_key: str = ""
+    redelivered: bool = False
+    """RabbitMQ's flag: this message may have been delivered before (and not acked)."""
 
 
 def take(
-    broker_url: str, queue: str, handle: Callable[[RawMessage], bool | None], *, limit: int
+    broker_url: str,
+    queue: str,
+    handle: Callable[[RawMessage], bool | None],
+    *,
+    limit: int,
+    acked: Callable[[], None] | None = None,
 ) -> int:
     """Hand up to ``limit`` messages of ``queue`` to ``handle``; ack each after it returns;
     the number acked.
@@ -33,6 +44,11 @@ def take(
     queue when this pass ends, and the next message is handed over. If ``handle``
     raises, that message is not acked (the broker keeps it) and the error propagates:
     nothing taken is ever lost.
+
+    ``acked`` is called once the broker has processed every ack of the pass (it answered
+    the channel's close, which it reads after them), also when ``handle`` raised; never
+    when the channel did not close cleanly (an ack may or may not have arrived). It must
+    not raise.
     """
     taken = tried = 0
     try:
@@ -45,6 +61,8 @@ def take(
                     if message is None:
                         break
                     properties = dict(getattr(message, "properties", {}) or {})
+                    properties.pop("application_headers", None)
+                    delivery = dict(getattr(message, "delivery_info", {}) or {})
                     body = message.body
                     handled = handle(
                         RawMessage(
@@ -53,6 +71,10 @@ def take(
                             content_encoding=properties.get("content_encoding"),
                             body=body if isinstance(body, bytes) else str(body).encode(),
                             user_id=_text(properties.get("user_id")),
+                            properties=properties,
+                            exchange=str(delivery.get("exchange") or ""),
+                            routing_key=str(delivery.get("routing_key") or ""),
+                            redelivered=bool(delivery.get("redelivered")),
                         )
                     )
                     if handled is False:
@@ -61,6 +83,8 @@ def take(
                     taken += 1
             finally:
                 channel.close()
+                if acked is not None:
+                    acked()
     except OSError as exc:
         raise unavailable("RabbitMQ", broker_url, exc) from exc
     return taken

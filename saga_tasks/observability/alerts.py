@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -24,6 +22,8 @@ from sqlalchemy import Engine
 
 from saga_tasks.core.clock import Clock
 from saga_tasks.core.states import SagaStatus
+from saga_tasks.errors import ServiceUnavailable, WebhookRefused
+from saga_tasks.observability import logs, webhook
 from saga_tasks.persistence import alerts as alert_sql
 from saga_tasks.persistence.alerts import MANUAL_REVIEW, STUCK
 from saga_tasks.persistence.db import translated
@@ -54,49 +54,43 @@ class LogAlerter:
     name = "log"
 
     def send(self, alert: Alert) -> None:
-        log.error(
-            "ALERT %s: saga %s (%s) is %s, idle %.0f s%s",
+        logs.alert(
+            log,
+            "%s: saga %s (%s) is %s, idle %.0f s%s",
             alert.condition,
             alert.saga_id,
             alert.saga_type,
             alert.status,
             alert.idle_seconds,
             f": {alert.reason}" if alert.reason else "",
-            extra={"saga_id": alert.saga_id, "saga_type": alert.saga_type, "reason": alert.reason},
+            saga_id=alert.saga_id,
+            saga_type=alert.saga_type,
+            reason=alert.reason,
         )
 
 
 class WebhookAlerter:
-    """POSTs each alert as JSON; a failure raises, so the alert is tried again later."""
+    """POSTs each alert as JSON (``observability.webhook``: to no local address unless
+    allowed, following no redirect); a failure raises, so the alert is tried again later."""
 
     name = "webhook"
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError("SAGA_ALERT_WEBHOOK must be an http(s) URL")
+    def __init__(self, url: str, timeout: float = 5.0, *, allow_local: bool = False) -> None:
+        webhook.check_url(url, allow_local=allow_local, resolve=False)
         self.url = url
         self.timeout = timeout
+        self.allow_local = allow_local
 
     def send(self, alert: Alert) -> None:
-        request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
-            self.url,
-            data=json.dumps({"kind": "saga_alert", **asdict(alert)}).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                response.read()
-        except urllib.error.HTTPError as error:
-            error.close()  # an HTTP error holds its response open
-            raise
+        body = json.dumps({"kind": "saga_alert", **asdict(alert)}).encode()
+        webhook.post(self.url, body, timeout=self.timeout, allow_local=self.allow_local)
 
 
-def alerters_for(webhook: str | None) -> list[Alerter]:
+def alerters_for(webhook_url: str | None, *, allow_local: bool = False) -> list[Alerter]:
     """The log channel, and the webhook when one is configured."""
     found: list[Alerter] = [LogAlerter()]
-    if webhook:
-        found.append(WebhookAlerter(webhook))
+    if webhook_url:
+        found.append(WebhookAlerter(webhook_url, allow_local=allow_local))
     return found
 
 
@@ -147,7 +141,7 @@ class AlertScan:
                 return 0
         try:
             alerter.send(alert)
-        except (OSError, urllib.error.URLError, ValueError) as exc:
+        except (OSError, ValueError, ServiceUnavailable, WebhookRefused) as exc:
             log.warning(
                 "alerter %s failed: %s", alerter.name, exc, extra={"saga_id": alert.saga_id}
             )

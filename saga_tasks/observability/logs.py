@@ -41,17 +41,46 @@ CONTEXT_FIELDS = (
 )
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
     ord("\n"): "\\n",
     ord("\r"): "\\r",
     ord("\t"): "\\t",
 }
+"""C0 and C1 control characters (C1's CSI, 0x9b, starts a terminal sequence as ESC [ does;
+NEL, 0x85, ends a line for some readers)."""
+_CONTROL |= {
+    c: f"\\u{c:04x}"
+    for c in (
+        0x061C,
+        0x200E,
+        0x200F,
+        0x2028,
+        0x2029,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    )
+}
+"""Unicode's line and paragraph separators, and the bidirectional controls that make a
+line read otherwise than it is written."""
 
 
 def printable(text: str) -> str:
-    """``text`` with control characters escaped (``\\n``, ``\\x1b``): text from outside
-    (a business key, a reason, a header) cannot forge a line or drive a terminal."""
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``, ``\\u2028``): text from
+    outside (a business key, a reason, a header) cannot forge a line or drive a terminal."""
     return text.translate(_CONTROL)
+
+
+def alert(logger: logging.Logger, message: str, *args: object, **fields: Any) -> None:
+    """An ``ALERT`` line at ERROR, what a log-based pager picks up. Every argument is
+    escaped by ``printable`` before it is formatted, whatever formatter the process runs
+    (a host application's own, Celery's before ours is set up): a reason is text from
+    outside. ``fields`` go to the record as ``extra``."""
+    logger.error(
+        f"ALERT {message}",
+        *(printable(a) if isinstance(a, str) else a for a in args),
+        extra=fields,
+        stacklevel=2,
+    )
 
 
 def _context(record: logging.LogRecord) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from saga_tasks.config import Settings, mask_url
+from saga_tasks.config import Settings, mask_url, scrub, unavailable
 from saga_tasks.core.clock import Clock, SystemClock
-from saga_tasks.errors import ServiceUnavailable, first_line
+from saga_tasks.errors import ConfigurationError, first_line
 from saga_tasks.persistence.readsql import Query, plain, pyformat
 
 
@@ -40,7 +40,12 @@ class Reader:
                 f"postgresql://{rest}", connect_timeout=5, application_name="saga_tasks"
             )
         except psycopg2.OperationalError as error:
-            raise _unavailable(url, error) from error
+            raise unavailable("PostgreSQL", url, error) from error
+        except psycopg2.ProgrammingError as error:  # libpq cannot read the URL: one line
+            why = scrub(first_line(error), url)
+            raise ConfigurationError(
+                f"SAGA_DATABASE_URL is malformed: {why}: {mask_url(url)}"
+            ) from error
         try:
             conn.set_session(readonly=True, autocommit=True)
 
@@ -50,12 +55,8 @@ class Reader:
                         cursor.execute(pyformat(sql), dict(params))
                         return [plain(row) for row in cursor]
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as error:
-                    raise _unavailable(url, error) from error
+                    raise unavailable("PostgreSQL", url, error) from error
 
             yield run
         finally:
             conn.close()
-
-
-def _unavailable(url: str, error: BaseException) -> ServiceUnavailable:
-    return ServiceUnavailable("PostgreSQL", mask_url(url), first_line(error))

@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.pool import NullPool
 
-from saga_tasks.config import mask_url
-from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable, first_line
+from saga_tasks.config import unavailable
+from saga_tasks.errors import ConcurrencyConflict, InputError, first_line
 from saga_tasks.persistence.prepared import PREPARE_KEY
 from saga_tasks.persistence.readsql import Query, plain
 
@@ -111,9 +111,15 @@ def translated(url: str | URL) -> Iterator[None]:
     except exc.OperationalError as error:
         if _is_serialization_failure(error):
             raise ConcurrencyConflict(str(error.orig).strip()) from error
-        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), first_line(error)) from error
+        raise unavailable("PostgreSQL", _written(url), error) from error
     except exc.InterfaceError as error:
-        raise ServiceUnavailable("PostgreSQL", mask_url(str(url)), first_line(error)) from error
+        raise unavailable("PostgreSQL", _written(url), error) from error
+
+
+def _written(url: str | URL) -> str:
+    """The URL as written, password and all: only ``unavailable`` sees it, to mask it and
+    scrub the driver's words of it."""
+    return url if isinstance(url, str) else url.render_as_string(hide_password=False)
 
 
 def _is_serialization_failure(error: exc.OperationalError) -> bool:

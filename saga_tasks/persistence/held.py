@@ -3,12 +3,11 @@ what operators decided about them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Table, func, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from saga_tasks.errors import ConfigurationError, InputError
 from saga_tasks.persistence.tables import (
@@ -20,15 +19,55 @@ from saga_tasks.persistence.tables import (
 )
 
 
-def insert_new(conn: Connection, values: Mapping[str, Any], saga_id: str | None) -> int | None:
-    """Store a held message once per delivery; its id, or None when stored before."""
+def store(conn: Connection, values: Mapping[str, Any], saga_id: str | None) -> int:
+    """Store one delivery of a held message, its ack not yet known to be processed
+    (``mark_acked``); its id."""
     row = conn.execute(
-        pg_insert(held_message)
-        .values(**values, saga_id=saga_id)
-        .on_conflict_do_nothing(constraint="uq_held_delivery")
+        insert(held_message)
+        .values(**values, saga_id=saga_id, acked=False)
+        .returning(held_message.c.id)
+    ).one()
+    return int(row.id)
+
+
+def claim_unacked(
+    conn: Connection, holding: str, delivery_key: str, *, exclude: Sequence[int] = ()
+) -> int | None:
+    """The row an earlier pass stored for a message delivered again, its ack lost: one
+    stored under the same ``delivery_key`` whose ack is not known to be processed, and
+    not one of ``exclude`` (this pass's own, acked on this channel). Marked acked, so no
+    other delivery (another intake's, at once: ``SKIP LOCKED``) claims it; its id, or
+    None when no such row exists (the message was never stored)."""
+    candidate = (
+        select(held_message.c.id)
+        .where(
+            held_message.c.holding == holding,
+            held_message.c.delivery_key == delivery_key,
+            ~held_message.c.acked,
+            held_message.c.id.not_in(list(exclude)),
+        )
+        .order_by(held_message.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    row = conn.execute(
+        update(held_message)
+        .where(held_message.c.id == candidate)
+        .values(acked=True)
         .returning(held_message.c.id)
     ).first()
     return None if row is None else int(row.id)
+
+
+def mark_acked(conn: Connection, held_ids: Sequence[int]) -> None:
+    """The broker processed these rows' acks: their messages are gone from the queue."""
+    if held_ids:
+        conn.execute(
+            update(held_message)
+            .where(held_message.c.id.in_(list(held_ids)), ~held_message.c.acked)
+            .values(acked=True)
+        )
 
 
 def set_reason(conn: Connection, held_id: int, reason: str) -> None:

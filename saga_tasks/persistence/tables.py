@@ -222,15 +222,19 @@ held_message = Table(
     Column("resolution", Text),
     Column("published_by", Text),
     Column("attested", Boolean, nullable=False, server_default=text("true")),
-    UniqueConstraint("holding", "delivery_key", name="uq_held_delivery"),
+    Column("acked", Boolean, nullable=False, server_default=text("true")),
     Index("ix_held_saga", "saga_id"),
+    Index("ix_held_unacked", "holding", "delivery_key", postgresql_where=text("NOT acked")),
     Index("ix_held_pending", "holding", "received_at", postgresql_where=text("status = 'pending'")),
     schema=SAGA_SCHEMA,
 )
 """Messages taken off the dead-letter and parking-lot queues, kept for operators.
 
-``holding`` is ``dead_letter`` or ``parking``; ``delivery_key`` tells one arrival from
-another, so the intake can run again after a crash without recording a message twice.
+``holding`` is ``dead_letter`` or ``parking``. A row is one delivery: two publishes are
+two rows, even alike in every byte. ``delivery_key`` digests what RabbitMQ keeps when it
+delivers a message again (every property and header but ``x-delivery-count``, the
+body), and ``acked`` says the broker processed the row's ack: a message delivered again
+after a crash claims the unacked row of the same key instead of being stored twice.
 ``published_by`` is the broker user that published it (its AMQP ``user_id``, which the
 broker checked), ``attested`` false when that user may not speak for its step: such a
 message moved no saga, and its reason is the publisher's claim.

@@ -25,8 +25,9 @@ import base64
 import hashlib
 import json
 import logging
+import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -61,7 +62,6 @@ from saga_tasks.runtime.holding import (
     H_DEAD_DEATHS,
     H_DEAD_FROM,
     H_DEAD_REASON,
-    H_HELD_AT,
     H_PARKED_FROM,
     H_PARKED_REASON,
     H_STORED_ESCAPED,
@@ -114,6 +114,9 @@ class Intake:
         self.clock = clock
         self.senders = senders
         self._step_queue = step_queue
+        self._lock = threading.Lock()
+        self._unmarked: list[int] = []
+        """Rows whose acks the broker processed, not yet marked so (the database was away)."""
 
     def take(self, holding: str, *, limit: int = 500) -> IntakeReport:
         """Move up to ``limit`` messages from a holding queue into the database.
@@ -124,14 +127,18 @@ class Intake:
         why); or, if even that fails, reduced to what can be stored. A message is left
         in the queue only while the database is away (``ServiceUnavailable``, which ends
         the pass) or, after all of the above failed, with an error logged; in both cases
-        the messages behind it are still taken.
+        the messages behind it are still taken. Each delivery is a row of its own (two
+        publishes are two rows, alike in every byte or not), except a message delivered
+        again after an earlier pass stored it and lost its ack: it is stored once.
         """
         queue = HOLDINGS[holding]
         counts = {"recorded": 0, "fed": 0}
+        self._mark_acked()  # rows of a pass whose marking failed: before any is claimed
+        stored: list[int] = []
 
         def handle(message: RawMessage) -> bool:
             try:
-                was_new, was_fed = self._take(holding, message)
+                held_id, was_fed = self._take(holding, message, stored)
             except (ServiceUnavailable, ConcurrencyConflict):
                 raise  # the database is away or busy: the message waits for the next pass
             except Exception:
@@ -144,17 +151,43 @@ class Intake:
                     extra=_log_fields(message.headers),
                 )
                 return False
-            counts["recorded"] += was_new
+            if held_id is not None:
+                stored.append(held_id)  # acked next, once this returns
+            counts["recorded"] += held_id is not None
             counts["fed"] += was_fed
             return True
 
-        taken = take(self.broker_url, queue, handle, limit=limit)
+        def acked() -> None:
+            with self._lock:
+                self._unmarked.extend(stored)
+            try:
+                self._mark_acked()
+            except Exception:  # the database went away: the next pass marks them first
+                log.warning("held messages acked but not yet marked so", exc_info=True)
+
+        taken = take(self.broker_url, queue, handle, limit=limit, acked=acked)
         if taken:
             log.info("intake moved %d messages from %s (%d new)", taken, queue, counts["recorded"])
         return IntakeReport(holding, taken, counts["recorded"], counts["fed"])
 
-    def _take(self, holding: str, message: RawMessage) -> tuple[bool, bool]:
-        """Store one held message (and feed a dead letter to its saga): (new, fed)."""
+    def _mark_acked(self) -> None:
+        """Mark the rows whose acks the broker processed (``held.mark_acked``)."""
+        with self._lock:
+            ids = list(self._unmarked)
+        if not ids:
+            return
+        engine = self._engine()
+        with translated(engine.url), engine.begin() as conn:
+            held_sql.mark_acked(conn, ids)
+        done = set(ids)
+        with self._lock:
+            self._unmarked = [i for i in self._unmarked if i not in done]
+
+    def _take(
+        self, holding: str, message: RawMessage, stored: Sequence[int]
+    ) -> tuple[int | None, bool]:
+        """Store one held message (and feed a dead letter to its saga): (the new row's id,
+        or None when it was stored before; fed). ``stored``: this pass's rows, acked."""
         raw_headers = storable.plain(dict(message.headers))
         headers = storable.storable(raw_headers)
         escaped = storable.escaped_keys(raw_headers, headers)
@@ -173,12 +206,7 @@ class Intake:
                 f"{facts['reason']}; stored escaped: NUL or invalid characters in {where}"
             )[:1000]
         body = message.body
-        key = hashlib.sha256(
-            json.dumps(
-                [facts["message_id"], headers.get("x-death"), headers.get(H_HELD_AT)], default=str
-            ).encode()
-            + hashlib.sha256(body).digest()
-        ).hexdigest()
+        key = delivery_key(message)
         try:
             text_body, is_b64 = body.decode("utf-8"), False
             if "\x00" in text_body:  # PostgreSQL text cannot hold NUL: keep such bodies as base64
@@ -211,7 +239,7 @@ class Intake:
                 "held message stored escaped: %s", ", ".join(escaped), extra=_log_fields(headers)
             )
         try:
-            return self._store(holding, values, facts, message.user_id)
+            return self._store(holding, values, facts, message, stored)
         except (ServiceUnavailable, ConcurrencyConflict):
             raise
         except Exception as exc:
@@ -229,21 +257,33 @@ class Intake:
                 "body": base64.b64encode(body).decode(),
                 "body_base64": True,
             }
-            return self._store(holding, reduced, None, message.user_id)
+            return self._store(holding, reduced, None, message, stored)
 
     def _store(
         self,
         holding: str,
         values: dict[str, Any],
         facts: Mapping[str, Any] | None,
-        sender: str | None,
-    ) -> tuple[bool, bool]:
-        """Insert the row; feed a dead letter to its saga, or note a parked one on it."""
+        message: RawMessage,
+        stored: Sequence[int],
+    ) -> tuple[int | None, bool]:
+        """Insert the row; feed a dead letter to its saga, or note a parked one on it.
+
+        A message RabbitMQ did not flag as redelivered was never delivered before: it is a
+        row of its own, whatever it has in common with others. One flagged may be one an
+        earlier pass stored and whose ack was lost (a crash, a dropped connection): it
+        takes that pass's unacked row of the same delivery key, if there is one."""
         saga_id = facts["saga_id"] if facts is not None else None
+        sender = message.user_id
         messages: list[OutboundMessage] = []
         fed = False
         engine = self._engine()
         with translated(engine.url), engine.begin() as conn:
+            if message.redelivered and (
+                held_sql.claim_unacked(conn, holding, values["delivery_key"], exclude=stored)
+                is not None
+            ):
+                return None, False  # stored before, and its ack was lost: nothing more to do
             state = sagas.load(conn, saga_id) if saga_id is not None else None
             if state is None:
                 saga_id = None
@@ -255,9 +295,7 @@ class Intake:
             }
             if doubt is not None:
                 values["reason"] = f"not attested: {doubt}; it claims: {values['reason']}"[:1000]
-            held_id = held_sql.insert_new(conn, values, saga_id)
-            if held_id is None:
-                return False, False  # taken before, and acked too late: nothing more to do
+            held_id = held_sql.store(conn, values, saga_id)
             if facts is None or saga_id is None:
                 pass
             elif doubt is not None:
@@ -275,7 +313,7 @@ class Intake:
                 )
         if messages:
             deliver(engine, saga_outbox, self._publisher(), messages)
-        return True, fed
+        return held_id, fed
 
     def _doubt(
         self,
@@ -368,6 +406,28 @@ class Intake:
                 now=self.clock.now(),
             )
             return [], False
+
+
+REDELIVERY_HEADERS = frozenset({"x-delivery-count"})
+"""Headers RabbitMQ changes when it delivers a message again (a quorum queue counts)."""
+
+
+def delivery_key(message: RawMessage) -> str:
+    """A digest of what tells one delivery from another publish and stays as it was when
+    RabbitMQ delivers the message again: the exchange and routing key it came by, every
+    AMQP property (message id, timestamp, correlation id, ...), every header but
+    ``REDELIVERY_HEADERS``, and the body."""
+    headers = {k: v for k, v in message.headers.items() if k not in REDELIVERY_HEADERS}
+    described = [
+        message.exchange,
+        message.routing_key,
+        storable.plain(dict(message.properties)),
+        storable.plain(headers),
+    ]
+    return hashlib.sha256(
+        json.dumps(described, sort_keys=True, default=str).encode()
+        + hashlib.sha256(message.body).digest()
+    ).hexdigest()
 
 
 def _first_line(error: BaseException) -> str:

@@ -47,7 +47,7 @@ from saga_tasks.errors import (
     VersionMismatch,
 )
 from saga_tasks.messaging.topology import REPLY_QUEUE, Topology
-from saga_tasks.observability import metrics, tracing
+from saga_tasks.observability import logs, metrics, tracing
 from saga_tasks.observability.tracing import OFF, Tracing
 from saga_tasks.persistence import sagas, versions
 from saga_tasks.persistence.db import translated
@@ -622,21 +622,21 @@ def observe(before: SagaState, decision: Decision, message_id: str | None) -> No
         and after.status is SagaStatus.MANUAL_REVIEW
         and before.status is not SagaStatus.MANUAL_REVIEW
     ):
-        log.error(
-            "ALERT saga needs manual review: %s",
+        logs.alert(
+            log,
+            "saga needs manual review: %s",
             after.reason,
-            extra=log_fields(
-                after, message_id, status_before=before.status, status_after=after.status
-            ),
+            **log_fields(after, message_id, status_before=before.status, status_after=after.status),
         )
     for entry in decision.history:
         if entry.event in OVERDUE:
-            log.error(
-                "ALERT step %s overdue: %s",
+            logs.alert(
+                log,
+                "step %s overdue: %s",
                 entry.step,
                 entry.reason,
-                extra={**log_fields(after, message_id, status_before=before.status,
-                                    status_after=after.status), "step": entry.step},
+                **{**log_fields(after, message_id, status_before=before.status,
+                                status_after=after.status), "step": entry.step},
             )  # fmt: skip
     if not log.isEnabledFor(level):
         return

@@ -4,10 +4,12 @@ app's schedules (``SagaApp(schedules=[...])``).
 On every pass, after redbeat has renewed its lease (a beat that lost it stops there), the
 active beat sends one firing per due tick to the maintenance queue, the tick in the
 message, and notes the newest tick it handled in Redis, under the deployment's beat
-prefix. A standby that takes over reads that note and goes on from it. A beat killed
-between sending and noting makes its successor send that tick again, and the tick's
-business key makes the second firing find the first one's saga. Beat sleeps until the
-next tick is due, at most its usual longest sleep.
+prefix, once the broker confirmed the firing into the queue (publisher confirms, and a
+mandatory publish: a nack, a lost connection or a firing routed nowhere raises, and the
+tick is sent again at the next pass). A standby that takes over reads that note and goes
+on from it. A beat killed between sending and noting makes its successor send that tick
+again, and the tick's business key makes the second firing find the first one's saga.
+Beat sleeps until the next tick is due, at most its usual longest sleep.
 
 Celery loads this class by name (``beat_scheduler``); nothing else imports it.
 """
@@ -18,12 +20,15 @@ import logging
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Protocol
 
 from redbeat import RedBeatScheduler
 from redbeat.schedulers import get_redis
 
+from saga_tasks.config import mask_url
 from saga_tasks.core.schedules import Schedule, format_tick, parse_tick, plan
+from saga_tasks.errors import PublishFailed
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE
 from saga_tasks.runtime.schedules import Timetable
 from saga_tasks.worker.beat import FIRE_SCHEDULE_TASK
@@ -128,14 +133,48 @@ class SagaBeat(RedBeatScheduler):  # type: ignore[misc]
             return interval
         return interval if wait is None else max(min(interval, wait), 0.0)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._returned_ids: set[str] = set()
+        """Task ids of firings the broker returned: it routed them to no queue."""
+        super().__init__(*args, **kwargs)
+
+    @cached_property
+    def producer(self) -> Any:
+        """Celery beat's producer, told of firings the broker returns (``_returned``)."""
+        return self.Producer(self._ensure_connected(), auto_declare=False, on_return=self._returned)
+
+    def _returned(self, _exc: Any, _exchange: str, _key: str, message: Any) -> None:
+        properties = getattr(message, "properties", None) or {}
+        headers = properties.get("application_headers") or {}
+        self._returned_ids.add(str(headers.get("id") or properties.get("correlation_id")))
+
     def _send(self, schedule: Schedule, tick: datetime, missed: int) -> None:
+        """Send one firing; return only once the broker confirmed it into a queue.
+
+        The broker confirms a publish it routed nowhere as it confirms one it stored
+        (kombu declares a queue once per connection: a queue deleted since is not there),
+        so the firing is mandatory: one returned raises, the tick is left for the next
+        pass, and that pass declares the queue again."""
         when = format_tick(tick)
+        task_id = str(uuid.uuid5(FIRING_IDS, f"{schedule.name}@{when}"))
+        producer = self.producer
+        self._returned_ids.discard(task_id)
         self.app.send_task(
             FIRE_SCHEDULE_TASK,
             kwargs={"schedule": schedule.name, "tick": when, "missed": missed},
             queue=MAINTENANCE_QUEUE,
-            producer=self.producer,
-            task_id=str(uuid.uuid5(FIRING_IDS, f"{schedule.name}@{when}")),
+            producer=producer,
+            task_id=task_id,
             headers={"celery_beat_task": True},
+            mandatory=True,
         )
+        if task_id in self._returned_ids:
+            self._returned_ids.discard(task_id)
+            queue = self.app.amqp.queues[MAINTENANCE_QUEUE]
+            producer.connection.declared_entities.discard(hash(queue))
+            raise PublishFailed(
+                "RabbitMQ",
+                mask_url(producer.connection.as_uri()),
+                f"the firing was returned unroutable: no queue {MAINTENANCE_QUEUE} took it",
+            )
         log.info("fired", extra={"schedule": schedule.name, "tick": when})

@@ -156,7 +156,9 @@ def test_alerts_go_out_once_per_saga_and_channel(order_app, settings, webhook):
     url, hook = webhook
     app = SagaApp(
         sagas=list(order_app.registry),
-        settings=replace(settings, alert_webhook=url, stuck_after=60),
+        settings=replace(
+            settings, alert_webhook=url, alert_webhook_allow_local=True, stuck_after=60
+        ),
     )
     stuck = order_app.start_saga("order", "al-1", ORDER)
     review = order_app.start_saga("order", "al-2", ORDER)

@@ -105,3 +105,33 @@ def test_scrub_takes_the_password_and_its_pieces_out_of_a_drivers_words():
     said = "Port could not be cast to integer value as 'Pa' (from 'Pa/ss#w0rd')"
     assert "Pa" not in scrub(said, url) and "w0rd" not in scrub(said, url)
     assert scrub("connection refused", url) == "connection refused"
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("postgresql://bob:ss@w:rd@db:5432/saga", "postgresql://***@db:5432/saga"),
+        ("amqp://guest:S3cr/t:x@mq:5672//", "amqp://***@mq:5672//"),
+        ("redis://:sp ace@cache:6379/0", "redis://***@cache:6379/0"),
+        ("amqp://guest:S3cr/t", "amqp://***"),  # no @ left: the "port" is a piece of it
+    ],
+)
+def test_a_malformed_url_is_masked_whole_and_named_malformed(url, masked):
+    assert mask_url(url) == masked
+    with pytest.raises(ConfigurationError, match="SAGA_BROKER_URL is malformed") as raised:
+        Settings.from_env({"SAGA_BROKER_URL": url})
+    assert str(raised.value).endswith(f": {masked}")
+
+
+def test_a_colon_in_a_password_is_well_formed():
+    url = "amqp://guest:c:olon@mq:5672//"
+    assert mask_url(url) == "amqp://guest:***@mq:5672//"
+    assert Settings.from_env({"SAGA_BROKER_URL": url}).broker_url == url
+
+
+def test_scrub_takes_out_every_run_of_the_pieces_a_parser_may_quote():
+    url = "amqp://guest:a:b/c#d?e@f g@127.0.0.1:5672//"
+    said = "Port could not be cast to integer value as 'a:b' near 'e@f g@127.0.0.1'"
+    assert (
+        scrub(said, url) == "Port could not be cast to integer value as '***' near '***@127.0.0.1'"
+    )

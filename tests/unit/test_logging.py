@@ -9,7 +9,13 @@ import logging
 import pytest
 
 from saga_tasks.config import Settings
-from saga_tasks.observability.logs import JsonFormatter, TextFormatter, configure_logging
+from saga_tasks.observability.alerts import Alert, LogAlerter
+from saga_tasks.observability.logs import (
+    JsonFormatter,
+    TextFormatter,
+    configure_logging,
+    printable,
+)
 
 FIELDS = {
     "saga_id": "5a9d3c1e-0000-4000-8000-000000000001",
@@ -89,3 +95,43 @@ def test_a_traceback_stays_on_its_own_lines_after_the_escaped_message():
     first, *rest = TextFormatter().format(record).splitlines()
     assert first.endswith("failed\\nhere saga_id=s-1")
     assert rest[0].startswith("Traceback") and rest[-1] == "ValueError: boom"
+
+
+FORGED = (
+    '<img src=x onerror="alert(1)">\x1b[2J\n2026-01-01 00:00:00 ERROR saga_tasks forged'
+    "\x9b31m\u2028\u202eenil"
+)
+"""A reason from outside: HTML, a terminal sequence (ESC and C1's CSI), a forged line
+(a newline, Unicode's line separator) and a bidirectional override."""
+
+
+def test_printable_escapes_c1_controls_line_separators_and_bidi_overrides():
+    assert printable("a\x9bb\x85c\u2028d\u2029e\u202ef\u2066g") == (
+        "a\\x9bb\\x85c\\u2028d\\u2029e\\u202ef\\u2066g"
+    )
+    assert printable("café, 東京, emoji 🙂") == "café, 東京, emoji 🙂"
+
+
+def test_the_alert_line_is_escaped_whatever_formatter_writes_it():
+    """A host application's formatter, or Celery's before ours is set up, does not escape:
+    the ALERT line escapes the text it quotes itself, as the text format would."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("saga_tasks.observability.alerts")
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    logger.handlers, logger.propagate = [handler], False
+    logger.setLevel(logging.ERROR)
+    try:
+        LogAlerter().send(Alert("manual_review", "s-1", "ord\ner", "MANUAL_REVIEW", FORGED, 5.0))
+    finally:
+        logger.handlers, logger.propagate, logger.level = saved
+    (line,) = stream.getvalue().splitlines()
+    assert line.startswith("ERROR ALERT manual_review: saga s-1 (ord\\ner) is MANUAL_REVIEW")
+    for raw in ("\x1b", "\x9b", "\u2028", "\u202e"):
+        assert raw not in line
+    assert line.endswith(
+        ': <img src=x onerror="alert(1)">\\x1b[2J\\n2026-01-01 00:00:00 ERROR saga_tasks '
+        "forged\\x9b31m\\u2028\\u202eenil"
+    )
+    assert printable(line) == line, "the text format leaves it as it is"

@@ -152,11 +152,11 @@ def test_participant_databases_one_url_a_template_or_named_entries():
     assert each.participant_database("payments") == "postgresql://u@h/shop_payments"
     named = Settings.from_env(
         {
-            "SAGA_PARTICIPANT_DATABASE_URL": "inventory=postgresql://i:Pa/ss#1@h/inv "
+            "SAGA_PARTICIPANT_DATABASE_URL": "inventory=postgresql://i:Pa%2Fss%231@h/inv "
             "*=postgresql://o@h/{participant}"
         }
     )
-    assert named.participant_database("inventory") == "postgresql://i:Pa/ss#1@h/inv"
+    assert named.participant_database("inventory") == "postgresql://i:Pa%2Fss%231@h/inv"
     assert named.participant_database("orders") == "postgresql://o@h/orders"
     assert "Pa/ss" not in repr(named)
 
