@@ -12,6 +12,7 @@ and shows what comes back. Operator buttons call the JSON API with the same toke
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -221,10 +222,34 @@ def _signals(app: SagaApp, view: dict[str, Any]) -> list[dict[str, Any]]:
         s = definition.by_name.get(st["step"])
         if s is None or s.human is None or st["status"] != "REQUESTED":
             continue
-        schema = getattr(s.human.schema, "__self__", None)  # a pydantic model_validate
-        fields = list(getattr(schema, "model_fields", {}) or {})
-        waiting.append({"step": s.name, "schema": s.human.schema_name, "fields": fields})
+        fields = [
+            {"name": f.name, "takes": f.takes, "required": f.required} for f in s.human.fields
+        ]
+        example = {f.name: _example(f.takes) for f in s.human.fields if f.required}
+        waiting.append(
+            {
+                "step": s.name,
+                "schema": s.human.schema_name,
+                "fields": fields,
+                "example": json.dumps(example),
+            }
+        )
     return waiting
+
+
+def _example(takes: str) -> Any:
+    """A value of what a field takes, for the form's placeholder: its first allowed
+    value, or an empty one of its type."""
+    first = takes.partition(" | ")[0]
+    empty = {"string": "", "integer": 0, "number": 0, "boolean": False, "object": {}}
+    if first in empty:
+        return empty[first]
+    if first.startswith("array"):
+        return []
+    try:
+        return json.loads(first)
+    except ValueError:
+        return None
 
 
 def _waiting_for_people(app: SagaApp) -> list[dict[str, Any]]:

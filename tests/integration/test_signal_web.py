@@ -42,7 +42,14 @@ def test_a_decision_over_http_and_what_the_dashboard_shows(order_app, settings, 
         overview = client.get("/").text
         assert 'id="people"' in overview and saga_id[:8] in overview
         page = client.get(f"/ui/sagas/{saga_id}").text
-        assert 'id="signal-inspect"' in page and "decision" in page
+        assert 'id="signal-inspect"' in page and "data: Inspection" in page
+        listed = re.search(r'id="signal-fields-inspect".*?</table>', page, re.S).group(0)
+        assert re.findall(r"<tr><td><code>(\w+)</code></td><td><code>(.*?)</code></td>"
+                          r"<td>(\w+)</td></tr>", listed) == [
+            ("decision", "&#34;accepted&#34; | &#34;rejected&#34;", "required"),
+            ("note_ref", "string | null", "optional"),
+        ], "the schema's fields, each with what it takes"  # fmt: skip
+        assert 'placeholder="{&#34;decision&#34;: &#34;accepted&#34;}"' in page
         assert _node(page, "inspect") == "REQUESTED"
         assert _node(page, "create_return") == "SUCCEEDED"
         before = order_app.orchestrator.get(saga_id).version
