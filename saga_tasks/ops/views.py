@@ -227,6 +227,19 @@ def held_show(app: SagaApp, held_id: int) -> dict[str, Any]:
     return view
 
 
+def held_outcome(app: SagaApp, held_id: int) -> dict[str, Any]:
+    """What became of a held message an operator acted on, without its content: its
+    status (the outcome) and its saga's version, for a caller who may not read."""
+    with _reading(app) as query:
+        found = readsql.held_outcome(query, held_id)
+    return {
+        "held_id": held_id,
+        "saga_id": found["saga_id"],
+        "outcome": found["status"],
+        "version": found["version"],
+    }
+
+
 def held_summary(row: dict[str, Any]) -> dict[str, Any]:
     def iso(value: Any) -> str | None:
         return value.isoformat() if value is not None else None

@@ -122,6 +122,16 @@ def held_of_saga(query: Query, saga_id: str) -> list[dict[str, Any]]:
     )
 
 
+def held_outcome(query: Query, held_id: int) -> dict[str, Any]:
+    """A held message's status, saga and that saga's version (None without one)."""
+    (found,) = query(
+        "SELECT h.status, h.saga_id, s.version FROM saga.held_message h "
+        "LEFT JOIN saga.saga_instance s ON s.saga_id = h.saga_id WHERE h.id = :held_id",
+        {"held_id": held_id},
+    )
+    return found
+
+
 def list_sagas(
     query: Query,
     *,
