@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from saga_tasks.core.model import SagaState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus
 from saga_tasks.ops.reader import Reader
 from saga_tasks.persistence import readsql
@@ -54,12 +55,17 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def saga_view(app: SagaApp | Reader, saga_id: str) -> dict[str, Any]:
+    return saga_state_and_view(app, saga_id)[1]
+
+
+def saga_state_and_view(app: SagaApp | Reader, saga_id: str) -> tuple[SagaState, dict[str, Any]]:
+    """The saga as the decider sees it, and its view, from one read."""
     with _reading(app) as query:
         state = readsql.get(query, saga_id)
         history = readsql.history(query, state.saga_id)
         held_rows = readsql.held_of_saga(query, state.saga_id)
     updated = state.extra.get("updated_at")
-    return {
+    return state, {
         "saga_id": state.saga_id,
         "saga_type": state.saga_type,
         "business_key": state.business_key,

@@ -26,10 +26,11 @@ from saga_tasks.app import SagaApp
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import SagaNotFound, UnknownDefinitionVersion
-from saga_tasks.ops.views import list_view, saga_view, schedules_view, stuck
+from saga_tasks.ops.views import list_view, saga_state_and_view, schedules_view, stuck
 from saga_tasks.persistence import dispatch, samples
 from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
+from saga_tasks.web.actions import offers
 from saga_tasks.web.auth import READ, Forbidden, Gate, Unauthorized
 
 HERE = Path(__file__).parent
@@ -120,15 +121,21 @@ def mount(web: FastAPI, app: SagaApp) -> None:
         if (shell := refused(request)) is not None:
             return shell
         try:
-            view = saga_view(app, saga_id)
+            state, view = saga_state_and_view(app, saga_id)
         except SagaNotFound as exc:
             return page("missing.html", 404, what=str(exc))
+        definition = _definition(app, view)
+        offered, withheld = (
+            offers(definition, state, app.clock.now()) if definition is not None else (None, [])
+        )
         return page(
             "saga.html",
             saga=view,
             timeline=_timeline(view),
             graph=_graph(app, view),
             signals=_signals(app, view),
+            offered=offered,
+            withheld=withheld,
             statuses=STATUS_ORDER,
         )
 
@@ -178,15 +185,27 @@ def _graph(app: SagaApp, view: dict[str, Any]) -> dict[str, Any] | None:
         rows[depth[s.name]] = row + 1
         place[s.name] = (depth[s.name], row)
     status = {st["step"]: st["status"] for st in view["steps"]}
-    w, h, gap_x, gap_y = 150, 44, 60, 22
+    labels = {
+        s.name: (
+            status.get(s.name, "PENDING"),
+            "pivot" if s.pivot else ("a person" if s.human else s.queue),
+        )
+        for s in definition.steps
+    }
+    # Every box as wide as the widest text it holds, so no text runs past its border.
+    text = max(
+        max(text_width(name, NAME_FONT, bold=True), text_width(f"{st} · {note}", STATE_FONT))
+        for name, (st, note) in labels.items()
+    )
+    w, h, gap_x, gap_y = max(150, round(text + 2 * NODE_PAD)), 44, 60, 22
     nodes = [
         {
             "step": s.name,
-            "status": status.get(s.name, "PENDING"),
+            "status": labels[s.name][0],
             "x": 10 + place[s.name][0] * (w + gap_x),
             "y": 10 + place[s.name][1] * (h + gap_y),
             "kind": "human" if s.human else ("pivot" if s.pivot else "step"),
-            "note": "pivot" if s.pivot else ("a person" if s.human else s.queue),
+            "note": labels[s.name][1],
         }
         for s in definition.steps
     ]
@@ -210,6 +229,25 @@ def _graph(app: SagaApp, view: dict[str, Any]) -> dict[str, Any] | None:
         "width": 20 + (max(depth.values()) + 1) * (w + gap_x) - gap_x,
         "height": 20 + max(rows.values()) * (h + gap_y) - gap_y,
     }
+
+
+NAME_FONT, STATE_FONT, NODE_PAD = 12.5, 10.5, 8
+"""The graph's font sizes (style.css: ``svg.graph .node .name``, ``.state``) and the
+space between a box's border and its text."""
+_NARROW = frozenset("fijlrt.,:;'!|()[] ·-")
+_WIDE = frozenset("mwMW@%")
+
+
+def text_width(text: str, size: float, *, bold: bool = False) -> float:
+    """How wide ``text`` runs at font ``size``, over-estimated for the common sans
+    fonts (a box a little too wide is better than text past its border): the page
+    cannot measure it before the browser draws it."""
+    ems = sum(
+        0.4 if c in _NARROW else 0.95 if c in _WIDE else 0.75 if c.isupper() or c.isdigit()
+        else 0.62
+        for c in text
+    )  # fmt: skip
+    return ems * size * (1.08 if bold else 1.0)
 
 
 def _signals(app: SagaApp, view: dict[str, Any]) -> list[dict[str, Any]]:
