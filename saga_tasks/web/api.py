@@ -42,6 +42,8 @@ from saga_tasks.ops.operator import act as do
 from saga_tasks.ops.operator import migrate as migrate_saga
 from saga_tasks.ops.operator import signal as give_signal
 from saga_tasks.ops.views import (
+    HISTORY_PAGE,
+    HISTORY_PAGE_MOST,
     held_list,
     held_outcome,
     held_show,
@@ -414,9 +416,16 @@ def build(app: SagaApp) -> FastAPI:
         )
 
     @web.get("/sagas/{saga_id}", tags=["sagas"], name="get_saga")
-    def get_saga(saga_id: Annotated[str, Path(max_length=100)], _caller: Reader) -> dict[str, Any]:
-        """One saga: status, steps, history, held messages (never a payload or result)."""
-        return saga_view(app, saga_id)
+    def get_saga(
+        saga_id: Annotated[str, Path(max_length=100)],
+        _caller: Reader,
+        history_limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MOST)] = HISTORY_PAGE,
+        history_before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    ) -> dict[str, Any]:
+        """One saga: status, steps, a page of its history (newest first), its notes and
+        held messages (never a payload or result). ``history_next`` is the cursor of the
+        older page: pass it as ``history_before``; null on the last page."""
+        return saga_view(app, saga_id, history_limit=history_limit, history_before=history_before)
 
     @web.get("/sagas", tags=["sagas"])
     def list_sagas(

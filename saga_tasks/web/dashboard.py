@@ -26,7 +26,14 @@ from saga_tasks.app import SagaApp
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import SagaNotFound, UnknownDefinitionVersion
-from saga_tasks.ops.views import list_view, saga_state_and_view, schedules_view, stuck
+from saga_tasks.ops.views import (
+    HISTORY_PAGE,
+    HISTORY_PAGE_MOST,
+    list_view,
+    saga_state_and_view,
+    schedules_view,
+    stuck,
+)
 from saga_tasks.persistence import dispatch, samples
 from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
@@ -117,11 +124,18 @@ def mount(web: FastAPI, app: SagaApp) -> None:
         )
 
     @web.get("/ui/sagas/{saga_id}", response_class=HTMLResponse, include_in_schema=False)
-    def saga_page(request: Request, saga_id: str) -> HTMLResponse:
+    def saga_page(
+        request: Request,
+        saga_id: str,
+        before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+        limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MOST)] = HISTORY_PAGE,
+    ) -> HTMLResponse:
         if (shell := refused(request)) is not None:
             return shell
         try:
-            state, view = saga_state_and_view(app, saga_id)
+            state, view = saga_state_and_view(
+                app, saga_id, history_limit=limit, history_before=before
+            )
         except SagaNotFound as exc:
             return page("missing.html", 404, what=str(exc))
         definition = _definition(app, view)
@@ -136,6 +150,8 @@ def mount(web: FastAPI, app: SagaApp) -> None:
             signals=_signals(app, view),
             offered=offered,
             withheld=withheld,
+            before=before,
+            page_limit="" if limit == HISTORY_PAGE else f"&limit={limit}",
             statuses=STATUS_ORDER,
         )
 
@@ -431,12 +447,13 @@ def _status_history(app: SagaApp, hours: int) -> dict[str, Any]:
 
 
 def _timeline(view: dict[str, Any]) -> dict[str, Any]:
-    """Each step's forward and compensation spans on one time axis, from the history."""
+    """Each step's forward and compensation spans on one time axis, from the page of
+    history the view holds (newest first: read here oldest first)."""
 
     def at(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value) if value else None
 
-    history = view["history"]
+    history = view["history"][::-1]
     start = at(view["created_at"]) or datetime.now(UTC)
     times = [at(h["at"]) for h in history if h["at"]]
     end = at(view["finished_at"]) or max([*(t for t in times if t), datetime.now(UTC)])

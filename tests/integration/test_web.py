@@ -525,3 +525,47 @@ def test_a_saga_page_offers_only_the_actions_its_state_allows(client, order_app,
             assert refused.status_code == 409, (saga_id, label, choice, refused.text)
             assert refused.json()["detail"] == why
         assert order_app.orchestrator.get(saga_id).version == version
+
+
+def test_history_comes_a_page_at_a_time_newest_first(client, order_app, settings):
+    """``GET /sagas/{id}`` holds a page of the history and the cursor of the next; the
+    dashboard links to the older page and back to the newest."""
+    import re
+
+    saga_id = start(client, key="pages").json()["saga_id"]
+    pump(order_app, settings.broker_url)
+    with order_app.engine.connect() as conn:
+        everything = (
+            conn.execute(
+                text("SELECT id FROM saga.saga_history WHERE saga_id = :s ORDER BY id DESC"),
+                {"s": saga_id},
+            )
+            .scalars()
+            .all()
+        )
+    assert len(everything) > 8
+    whole = client.get(f"/sagas/{saga_id}").json()
+    assert [h["id"] for h in whole["history"]] == everything and whole["history_next"] is None
+    seen, cursor = [], None
+    while True:
+        query = {"history_limit": 4, **({"history_before": cursor} if cursor else {})}
+        page = client.get(f"/sagas/{saga_id}", params=query).json()
+        assert 1 <= len(page["history"]) <= 4
+        seen += [h["id"] for h in page["history"]]
+        cursor = page["history_next"]
+        if cursor is None:
+            break
+    assert seen == everything
+    for bad in ({"history_limit": 0}, {"history_limit": 1001}, {"history_before": 0}):
+        assert client.get(f"/sagas/{saga_id}", params=bad).status_code == 422, bad
+
+    first = client.get(f"/ui/sagas/{saga_id}").text
+    assert 'id="history-older"' not in first  # the whole history fits the page
+    first = client.get(f"/ui/sagas/{saga_id}?limit=4").text
+    assert len(re.findall(r'<tr><td class="t">', first.partition('id="history"')[2])) == 4
+    older = re.search(r'href="(/ui/sagas/[^"?]+\?before=(\d+)&amp;limit=4)" id="history-older"',
+                      first)  # fmt: skip
+    assert older and int(older.group(2)) == everything[3]
+    second = client.get(older.group(1).replace("&amp;", "&")).text
+    assert 'id="history-newest"' in second and "older than line" in second
+    assert len(re.findall(r'<tr><td class="t">', second.partition('id="history"')[2])) == 4
