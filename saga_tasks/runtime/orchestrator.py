@@ -412,9 +412,9 @@ class Orchestrator:
         causation_id: str | None = None,
         actor: str = sagas.SYSTEM_ACTOR,
     ) -> tuple[Decision, list[OutboundMessage]]:
-        """The one path of every event but the start and the sweep: decide on the locked
-        saga and write the decision in ``conn``'s transaction; the caller commits, then
-        observes and sends."""
+        """The one path of every event but the start, the sweep and a signal (which
+        decides before it checks the version): decide on the locked saga and write the
+        decision in ``conn``'s transaction; the caller commits, then observes and sends."""
         definition = self.registry.get(state.saga_type, state.definition_version)
         decision = decide(definition, state, event, now)
         messages = self._write_decision(
