@@ -18,6 +18,7 @@ problem (duplicate step, unknown dependency, cycle, missing queue) is a typed
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -42,6 +43,7 @@ __all__ = [
     "LateReplyPolicy",
     "RetryPolicy",
     "SagaDefinition",
+    "SignalField",
     "Step",
     "human_step",
     "saga",
@@ -79,6 +81,17 @@ class HumanTimeoutPolicy(StrEnum):
 
 
 @dataclass(frozen=True)
+class SignalField:
+    """One field a human step's schema asks for, as a form lists it."""
+
+    name: str
+    takes: str
+    """Its type (``string``, ``integer``, ...) or the values it allows, as JSON
+    (``"accepted" | "rejected"``)."""
+    required: bool
+
+
+@dataclass(frozen=True)
 class HumanTask:
     """What makes a step wait for a person's signal instead of a participant's reply."""
 
@@ -87,6 +100,9 @@ class HumanTask:
     None takes any JSON object."""
     schema_name: str | None = None
     """The schema's name, for ``describe``."""
+    fields: tuple[SignalField, ...] = ()
+    """The fields of a pydantic model schema, read when the step is defined (a plain
+    callable tells none): ``schema`` is a closure by then, which tells nothing."""
     escalate_after: timedelta | None = None
     """When, after the wait began, an alert says the decision is still missing."""
     on_timeout: HumanTimeoutPolicy = HumanTimeoutPolicy.COMPENSATE
@@ -270,6 +286,7 @@ def human_step(
         human=HumanTask(
             schema=_validator(schema),
             schema_name=getattr(schema, "__name__", None) if schema is not None else None,
+            fields=_signal_fields(schema),
             escalate_after=escalate,
             on_timeout=HumanTimeoutPolicy(on_timeout),
         ),
@@ -410,6 +427,35 @@ def _validator(payload: Any) -> PayloadValidator | None:
     if callable(payload):
         return payload  # type: ignore[no-any-return]
     raise TypeError("payload must be a pydantic model class or a callable")
+
+
+def _signal_fields(schema: Any) -> tuple[SignalField, ...]:
+    """The fields of a pydantic model, from its JSON schema; none for anything else."""
+    describe = getattr(schema, "model_json_schema", None)
+    if describe is None:
+        return ()
+    found = describe()
+    required = set(found.get("required", ()))
+    return tuple(
+        SignalField(name, _takes(spec), name in required)
+        for name, spec in found.get("properties", {}).items()
+    )
+
+
+def _takes(spec: Mapping[str, Any]) -> str:
+    """What one property of a JSON schema takes, in a few words."""
+    if "enum" in spec:
+        return " | ".join(json.dumps(v) for v in spec["enum"])
+    if "const" in spec:
+        return json.dumps(spec["const"])
+    if "anyOf" in spec:
+        return " | ".join(_takes(s) for s in spec["anyOf"])
+    if "$ref" in spec:
+        return str(spec["$ref"]).rsplit("/", 1)[-1]
+    kind = spec.get("type", "any")
+    if kind == "array" and isinstance(spec.get("items"), Mapping):
+        return f"array of {_takes(spec['items'])}"
+    return " | ".join(kind) if isinstance(kind, list) else str(kind)
 
 
 def _describe_validation(exc: Exception) -> str:

@@ -26,7 +26,8 @@ def act(
     step: str | None = None,
     resolution: str | None = None,
 ) -> dict[str, Any]:
-    """Apply one operator action; return the saga as ``show`` prints it."""
+    """Apply one operator action; return the saga as ``show`` prints it, with the
+    ``outcome`` (``accepted``: a refused action raises)."""
     if not actor.strip() or not reason.strip():
         raise InputError("an operator action needs --actor and --reason")
     action = OperatorAction(
@@ -37,7 +38,7 @@ def act(
         resolution=resolution.upper() if resolution else None,
     )
     app.orchestrator.act(saga_id, action, expect_version=expect_version)
-    return saga_view(app, saga_id)
+    return {**saga_view(app, saga_id), "outcome": "accepted"}
 
 
 def signal(
@@ -50,14 +51,15 @@ def signal(
     reason: str,
     expect_version: int | None = None,
 ) -> dict[str, Any]:
-    """A person's decision on a human step; return the saga as ``show`` prints it.
-    Data that the step's schema refuses raises ``InvalidPayload`` and changes nothing."""
+    """A person's decision on a human step; return the saga as ``show`` prints it, with
+    the ``outcome``: ``accepted``, or ``duplicate`` for the same decision again. Data
+    that the step's schema refuses raises ``InvalidPayload`` and changes nothing."""
     if not actor.strip() or not reason.strip():
         raise InputError("a signal needs --actor and --reason")
-    app.orchestrator.signal(
+    decision = app.orchestrator.signal(
         saga_id, step, data, actor=actor, reason=reason, expect_version=expect_version
     )
-    return saga_view(app, saga_id)
+    return {**saga_view(app, saga_id), "outcome": decision.classification.value}
 
 
 def migrate(
@@ -70,7 +72,7 @@ def migrate(
     expect_version: int | None = None,
 ) -> dict[str, Any]:
     """Move a saga to another loaded version of its definition; return it as ``show``
-    prints it."""
+    prints it, with the ``outcome`` (``accepted``)."""
     if not actor.strip() or not reason.strip():
         raise InputError("a migration needs --actor and --reason")
     app.orchestrator.migrate(
@@ -80,4 +82,4 @@ def migrate(
         reason=reason.strip(),
         expect_version=expect_version,
     )
-    return saga_view(app, saga_id)
+    return {**saga_view(app, saga_id), "outcome": "accepted"}

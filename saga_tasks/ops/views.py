@@ -6,10 +6,13 @@ Shapes (documented in the README and pinned by tests):
             definition_version, created_at, updated_at, finished_at, deadline,
             steps: [{step, status, attempt, compensation_attempt, requested_at,
                      finished_at, last_error}],
-            history: [{at, event, step, status_before, status_after,
+            history: [{id, at, event, step, status_before, status_after,
                        step_status_before, step_status_after, message_id,
-                       causation_id, actor, reason}],
-            held_messages: [{id, holding, status, reason, step, kind, message_id, ...}]}
+                       causation_id, actor, reason}],   (a page, newest first)
+            history_next,                               (cursor of the older page, or null)
+            notes: [{event, noted, dropped, last_at}],  (notes kept to a few per kind)
+            held_messages: [{id, holding, status, reason, step, kind, message_id, ...}],
+            held_count: {total, pending, not_attested}}
     list:  {sagas: [{saga_id, saga_type, business_key, status, status_reason,
                      version, created_at, updated_at, finished_at}], count}
     schedules: {schedules: [{name, saga_type, schedule, every_seconds, cron, key,
@@ -25,6 +28,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from saga_tasks.core.model import SagaState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus
 from saga_tasks.ops.reader import Reader
 from saga_tasks.persistence import readsql
@@ -53,13 +57,49 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def saga_view(app: SagaApp | Reader, saga_id: str) -> dict[str, Any]:
+HISTORY_PAGE = 50
+"""History lines a saga view holds unless asked for another number (at most
+``HISTORY_PAGE_MOST``): a page, newest first, and the cursor of the next."""
+HISTORY_PAGE_MOST = 1000
+HELD_SHOWN = 20
+"""Held messages a saga view lists (pending and attested first); ``held_count`` counts
+them all, and ``GET /held?saga_id=`` lists them."""
+
+
+def saga_view(
+    app: SagaApp | Reader,
+    saga_id: str,
+    *,
+    history_limit: int = HISTORY_PAGE,
+    history_before: int | None = None,
+) -> dict[str, Any]:
+    return saga_state_and_view(
+        app, saga_id, history_limit=history_limit, history_before=history_before
+    )[1]
+
+
+def saga_state_and_view(
+    app: SagaApp | Reader,
+    saga_id: str,
+    *,
+    history_limit: int = HISTORY_PAGE,
+    history_before: int | None = None,
+) -> tuple[SagaState, dict[str, Any]]:
+    """The saga as the decider sees it, and its view, from one read. The view's history
+    is one page, newest first: ``history_limit`` lines older than the line with id
+    ``history_before`` (None: the newest), and ``history_next`` the cursor of the page
+    after it (the ``history_before`` that asks for it; None on the last page)."""
+    limit = max(1, min(history_limit, HISTORY_PAGE_MOST))
     with _reading(app) as query:
         state = readsql.get(query, saga_id)
-        history = readsql.history(query, state.saga_id)
-        held_rows = readsql.held_of_saga(query, state.saga_id)
+        history = readsql.history(query, state.saga_id, limit=limit + 1, before=history_before)
+        notes = readsql.note_tallies(query, state.saga_id)
+        held_rows = readsql.held_of_saga(query, state.saga_id, limit=HELD_SHOWN)
+        held_count = readsql.held_counts(query, state.saga_id)
+    more = len(history) > limit
+    history = history[:limit]
     updated = state.extra.get("updated_at")
-    return {
+    return state, {
         "saga_id": state.saga_id,
         "saga_type": state.saga_type,
         "business_key": state.business_key,
@@ -85,6 +125,7 @@ def saga_view(app: SagaApp | Reader, saga_id: str) -> dict[str, Any]:
         ],
         "history": [
             {
+                "id": h["id"],
                 "at": _iso(h["at"]),
                 "event": h["event"],
                 "step": h["step"],
@@ -99,7 +140,18 @@ def saga_view(app: SagaApp | Reader, saga_id: str) -> dict[str, Any]:
             }
             for h in history
         ],
+        "history_next": history[-1]["id"] if more else None,
+        "notes": [
+            {
+                "event": n["event"],
+                "noted": n["noted"],
+                "dropped": n["dropped"],
+                "last_at": _iso(n["last_at"]),
+            }
+            for n in notes
+        ],
         "held_messages": [held_summary(r) for r in held_rows],
+        "held_count": held_count,
     }
 
 
@@ -225,6 +277,19 @@ def held_show(app: SagaApp, held_id: int) -> dict[str, Any]:
         {"check": c.name, "finding": c.finding, "blocks": c.blocks} for c in checks
     ]
     return view
+
+
+def held_outcome(app: SagaApp, held_id: int) -> dict[str, Any]:
+    """What became of a held message an operator acted on, without its content: its
+    status (the outcome) and its saga's version, for a caller who may not read."""
+    with _reading(app) as query:
+        found = readsql.held_outcome(query, held_id)
+    return {
+        "held_id": held_id,
+        "saga_id": found["saga_id"],
+        "outcome": found["status"],
+        "version": found["version"],
+    }
 
 
 def held_summary(row: dict[str, Any]) -> dict[str, Any]:

@@ -108,18 +108,57 @@ def get(query: Query, saga_id: str) -> SagaState:
     return state
 
 
-def history(query: Query, saga_id: str) -> list[dict[str, Any]]:
+def history(
+    query: Query, saga_id: str, *, limit: int, before: int | None = None
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` history lines of a saga, newest first, older than the line with
+    id ``before`` if given (the index on (saga_id, id) read backwards)."""
+    older = "" if before is None else "AND id < :before "
     return query(
-        "SELECT * FROM saga.saga_history WHERE saga_id = CAST(:saga_id AS uuid) ORDER BY id",
+        "SELECT * FROM saga.saga_history WHERE saga_id = CAST(:saga_id AS uuid) "  # noqa: S608
+        f"{older}ORDER BY id DESC LIMIT :limit",
+        {"saga_id": saga_id, "before": before, "limit": limit},
+    )
+
+
+def note_tallies(query: Query, saga_id: str) -> list[dict[str, Any]]:
+    """How many notes of each kind the saga was given, and how many were dropped."""
+    return query(
+        "SELECT event, noted, dropped, last_at FROM saga.saga_note_tally "
+        "WHERE saga_id = CAST(:saga_id AS uuid) ORDER BY event",
         {"saga_id": saga_id},
     )
 
 
-def held_of_saga(query: Query, saga_id: str) -> list[dict[str, Any]]:
+def held_of_saga(query: Query, saga_id: str, *, limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` of a saga's held messages: pending before resolved, attested
+    before not (a flood of forged ones cannot hide a real one), newest first."""
     return query(
-        "SELECT * FROM saga.held_message WHERE saga_id = CAST(:saga_id AS uuid) ORDER BY id",
+        "SELECT * FROM saga.held_message WHERE saga_id = CAST(:saga_id AS uuid) "
+        "ORDER BY status = 'pending' DESC, attested DESC, id DESC LIMIT :limit",
+        {"saga_id": saga_id, "limit": limit},
+    )
+
+
+def held_counts(query: Query, saga_id: str) -> dict[str, int]:
+    """How many held messages a saga has: all of them, pending, and not attested."""
+    (found,) = query(
+        "SELECT count(*) AS total, count(*) FILTER (WHERE status = 'pending') AS pending, "
+        "count(*) FILTER (WHERE NOT attested) AS not_attested "
+        "FROM saga.held_message WHERE saga_id = CAST(:saga_id AS uuid)",
         {"saga_id": saga_id},
     )
+    return {k: int(v) for k, v in found.items()}
+
+
+def held_outcome(query: Query, held_id: int) -> dict[str, Any]:
+    """A held message's status, saga and that saga's version (None without one)."""
+    (found,) = query(
+        "SELECT h.status, h.saga_id, s.version FROM saga.held_message h "
+        "LEFT JOIN saga.saga_instance s ON s.saga_id = h.saga_id WHERE h.id = :held_id",
+        {"held_id": held_id},
+    )
+    return found
 
 
 def list_sagas(

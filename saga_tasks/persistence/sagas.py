@@ -559,6 +559,31 @@ def append_note(
     )
 
 
+NOTES = ("held_not_attested", "message_parked", "dead_letter_not_fed")
+"""The notes a held message leaves on its saga (``append_note_if_exists``)."""
+NOTES_KEPT = 5
+"""How many notes of each kind in ``NOTES`` a saga's history keeps, the newest: a held
+message may come from anyone who can publish (a forged dead letter, a parked message),
+and 2,000 of them would otherwise be 2,000 history lines. ``saga_note_tally`` counts
+them all and those dropped."""
+
+_TALLY = text(
+    """INSERT INTO saga.saga_note_tally AS t (saga_id, event, noted, dropped, last_at)
+    VALUES (:s, :e, 1, 0, :now)
+    ON CONFLICT (saga_id, event) DO UPDATE SET noted = t.noted + 1, last_at = excluded.last_at
+    RETURNING t.noted - t.dropped"""
+)
+_DROP_OLDEST = text(
+    """WITH gone AS (
+        DELETE FROM saga.saga_history WHERE id = ANY(ARRAY(
+            SELECT id FROM saga.saga_history WHERE saga_id = :s AND event = :e
+            ORDER BY id DESC OFFSET :keep))
+        RETURNING 1)
+    UPDATE saga.saga_note_tally SET dropped = dropped + (SELECT count(*) FROM gone)
+    WHERE saga_id = :s AND event = :e"""
+)
+
+
 def append_note_if_exists(
     conn: Connection,
     saga_id: str,
@@ -568,13 +593,18 @@ def append_note_if_exists(
     message_id: str | None,
     now: datetime,
 ) -> bool:
-    """A history line for a saga that may not exist, without locking it; True if written."""
+    """A held message's note (one of ``NOTES``) on a saga that may not exist, without
+    locking it; True if written. The saga keeps the newest ``NOTES_KEPT`` of its kind:
+    the oldest beyond go, counted (the tally's row lock orders two notes at once)."""
     status = conn.execute(
         select(saga_instance.c.status).where(saga_instance.c.saga_id == saga_id)
     ).scalar_one_or_none()
     if status is None:
         return False
     _note(conn, saga_id, status, event=event, reason=reason, message_id=message_id, now=now)
+    kept = conn.execute(_TALLY, {"s": saga_id, "e": event, "now": now}).scalar_one()
+    if kept > NOTES_KEPT:
+        conn.execute(_DROP_OLDEST, {"s": saga_id, "e": event, "keep": NOTES_KEPT})
     return True
 
 

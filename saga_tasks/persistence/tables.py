@@ -110,6 +110,23 @@ saga_history = Table(
 )
 
 
+saga_note_tally = Table(
+    "saga_note_tally",
+    metadata,
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("event", Text, nullable=False),
+    Column("noted", BigInteger, nullable=False),
+    Column("dropped", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("saga_id", "event", name="pk_saga_note_tally"),
+    schema=SAGA_SCHEMA,
+)
+"""How many notes that change nothing (``sagas.NOTES``) each saga was given of each kind
+(``noted``), and how many of the oldest were dropped from its history (``dropped``): a
+saga keeps the newest ``sagas.NOTES_KEPT`` of each kind, as anyone who can publish a
+message naming it can cause one."""
+
+
 def outbox_table(schema: str, meta: MetaData = metadata) -> Table:
     """An outbox: messages a committed transaction owes the broker."""
     return Table(

@@ -38,6 +38,7 @@ from saga_tasks.core.registry import Registry
 from saga_tasks.core.senders import OPEN, Senders
 from saga_tasks.core.states import TERMINAL_SAGA, Classification, SagaStatus
 from saga_tasks.errors import (
+    ActionRefused,
     BusinessKeyConflict,
     InputError,
     InvalidMessage,
@@ -411,9 +412,9 @@ class Orchestrator:
         causation_id: str | None = None,
         actor: str = sagas.SYSTEM_ACTOR,
     ) -> tuple[Decision, list[OutboundMessage]]:
-        """The one path of every event but the start and the sweep: decide on the locked
-        saga and write the decision in ``conn``'s transaction; the caller commits, then
-        observes and sends."""
+        """The one path of every event but the start, the sweep and a signal (which
+        decides before it checks the version): decide on the locked saga and write the
+        decision in ``conn``'s transaction; the caller commits, then observes and sends."""
         definition = self.registry.get(state.saga_type, state.definition_version)
         decision = decide(definition, state, event, now)
         messages = self._write_decision(
@@ -496,18 +497,31 @@ class Orchestrator:
         actor: str,
         reason: str,
         expect_version: int | None = None,
-    ) -> SagaState:
-        """A person's decision on a human step. The data is validated against the
-        step's schema first (``InvalidPayload``: nothing changes); then as ``act``."""
+    ) -> Decision:
+        """A person's decision on a human step, and whether it was a duplicate (its
+        ``classification``). The data is validated against the step's schema first
+        (``InvalidPayload``: nothing changes); then as ``act``, but the same decision
+        again is a duplicate whatever ``expect_version`` says: the version it was given
+        at has passed by then, and a client retrying it must be safe. Only a decision
+        that would change the saga is held to ``expect_version``."""
         now = self.clock.now()
         with translated(self.engine.url), self.engine.begin() as conn:
-            state = _lock_at(conn, saga_id, expect_version)
+            state = _lock_at(conn, saga_id, None)
             definition = self.registry.get(state.saga_type, state.definition_version)
             target = definition.by_name.get(step)
             if target is not None and target.human is not None:
                 data = target.human.validate(data)
             event = SignalReceived(step, data, actor=actor.strip(), reason=reason.strip())
-            decision, messages = self._apply(conn, state, event, now, actor=event.actor)
+            try:
+                decision = decide(definition, state, event, now)
+            except ActionRefused:
+                _at_version(state, expect_version)  # a stale view is told to look again
+                raise
+            if decision.classification is not Classification.DUPLICATE:
+                _at_version(state, expect_version)
+            messages = self._write_decision(
+                conn, definition, state, decision, now=now, causation_id=None, actor=event.actor
+            )
         observe(state, decision, None)
         log.warning(
             "signal on step %s by %s: %s",
@@ -525,7 +539,7 @@ class Orchestrator:
             },
         )
         self._outlet().send(saga_outbox, messages)
-        return decision.state
+        return decision
 
     def migrate(
         self, saga_id: str, to_version: int, *, actor: str, reason: str, expect_version: int | None
@@ -586,13 +600,18 @@ def _lock_at(conn: Connection, saga_id: str, expect_version: int | None) -> Saga
     state = sagas.lock(conn, saga_id)
     if state is None:
         raise SagaNotFound(f"no saga {saga_id}")
+    _at_version(state, expect_version)
+    return state
+
+
+def _at_version(state: SagaState, expect_version: int | None) -> None:
+    """Refuse to act on a saga that moved since the operator looked."""
     if expect_version is not None and state.version != expect_version:
         raise VersionMismatch(
-            f"saga {saga_id} is at version {state.version}, not {expect_version}; "
+            f"saga {state.saga_id} is at version {state.version}, not {expect_version}; "
             "look at it again before acting",
             current=state.version,
         )
-    return state
 
 
 def observe(before: SagaState, decision: Decision, message_id: str | None) -> None:

@@ -41,7 +41,16 @@ from saga_tasks.observability.tracing import TRACEPARENT
 from saga_tasks.ops.operator import act as do
 from saga_tasks.ops.operator import migrate as migrate_saga
 from saga_tasks.ops.operator import signal as give_signal
-from saga_tasks.ops.views import held_list, held_show, list_view, saga_view, schedules_view
+from saga_tasks.ops.views import (
+    HISTORY_PAGE,
+    HISTORY_PAGE_MOST,
+    held_list,
+    held_outcome,
+    held_show,
+    list_view,
+    saga_view,
+    schedules_view,
+)
 from saga_tasks.ops.views import stuck as find_stuck
 from saga_tasks.persistence import idempotency
 from saga_tasks.persistence.db import check_database, translated
@@ -290,6 +299,13 @@ def build(app: SagaApp) -> FastAPI:
     def held_for(caller: Caller, view: dict[str, Any]) -> dict[str, Any]:
         return held_view(view, body_shown=OPERATE in caller.scopes, names=redacted)
 
+    def answer(caller: Caller, view: dict[str, Any]) -> dict[str, Any]:
+        """What an action answers: the saga as it is now to a caller who may read it;
+        to one who may not (``operate`` alone), only what it did."""
+        if web.state.gate.reads(caller):
+            return view
+        return {"saga_id": view["saga_id"], "outcome": view["outcome"], "version": view["version"]}
+
     saga_types = sorted({d.saga_type for d in app.registry})
 
     @web.exception_handler(Problem)
@@ -400,9 +416,16 @@ def build(app: SagaApp) -> FastAPI:
         )
 
     @web.get("/sagas/{saga_id}", tags=["sagas"], name="get_saga")
-    def get_saga(saga_id: Annotated[str, Path(max_length=100)], _caller: Reader) -> dict[str, Any]:
-        """One saga: status, steps, history, held messages (never a payload or result)."""
-        return saga_view(app, saga_id)
+    def get_saga(
+        saga_id: Annotated[str, Path(max_length=100)],
+        _caller: Reader,
+        history_limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MOST)] = HISTORY_PAGE,
+        history_before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    ) -> dict[str, Any]:
+        """One saga: status, steps, a page of its history (newest first), its notes and
+        held messages (never a payload or result). ``history_next`` is the cursor of the
+        older page: pass it as ``history_before``; null on the last page."""
+        return saga_view(app, saga_id, history_limit=history_limit, history_before=history_before)
 
     @web.get("/sagas", tags=["sagas"])
     def list_sagas(
@@ -440,8 +463,10 @@ def build(app: SagaApp) -> FastAPI:
         saga_id: Annotated[str, Path(max_length=100)], body: MigrateRequest, caller: Operator
     ) -> dict[str, Any]:
         """Move a saga to another version of its definition that this server loads (every
-        step it began must be there unchanged), audited with the token's actor."""
-        return migrate_saga(
+        step it began must be there unchanged), audited with the token's actor. Answers
+        like every action: the saga, or without the read scope ``{saga_id, outcome,
+        version}``."""
+        view = migrate_saga(
             app,
             saga_id,
             body.to_version,
@@ -449,6 +474,7 @@ def build(app: SagaApp) -> FastAPI:
             reason=body.reason,
             expect_version=body.expect_version,
         )
+        return answer(caller, view)
 
     @web.get("/schedules", tags=["sagas"])
     def schedules(_caller: Reader) -> dict[str, Any]:
@@ -463,13 +489,14 @@ def build(app: SagaApp) -> FastAPI:
         body: ActionRequest,
         caller: Operator,
     ) -> dict[str, Any]:
-        """An operator action, audited with the token's actor; answers the saga as it
-        is after it (a read scope is not needed for what one just changed)."""
+        """An operator action, audited with the token's actor. Answers the saga as it is
+        after it, with the ``outcome``; a token without the read scope is answered only
+        ``{saga_id, outcome, version}``: acting on a saga is not reading it."""
         if action in ("retry-step", "skip-step") and not body.step:
             raise Problem(422, "invalid-request", "Invalid request", f"{action} needs a step")
         if action == "resolve" and not body.status:
             raise Problem(422, "invalid-request", "Invalid request", "resolve needs a status")
-        return do(
+        view = do(
             app,
             saga_id,
             action.replace("-", "_"),
@@ -479,6 +506,7 @@ def build(app: SagaApp) -> FastAPI:
             step=body.step,
             resolution=body.status,
         )
+        return answer(caller, view)
 
     @web.post("/sagas/{saga_id}/steps/{step}/signal", tags=["operators"])
     def signal(
@@ -488,8 +516,12 @@ def build(app: SagaApp) -> FastAPI:
         caller: Operator,
     ) -> dict[str, Any]:
         """A person's decision on a human step, audited with the token's actor. Data the
-        step's schema refuses: 422, nothing changes; a step not waiting: 409."""
-        return give_signal(
+        step's schema refuses: 422, nothing changes; a step not waiting: 409. The same
+        decision again is answered as a duplicate (``outcome``), whatever
+        ``expect_version`` says, so a client may retry; another one is held to it.
+        Answers like every action: the saga, or without the read scope ``{saga_id,
+        outcome, version}``."""
+        view = give_signal(
             app,
             saga_id,
             step,
@@ -498,6 +530,7 @@ def build(app: SagaApp) -> FastAPI:
             reason=body.reason,
             expect_version=body.expect_version,
         )
+        return answer(caller, view)
 
     # -- held messages --------------------------------------------------------------------
 
@@ -539,7 +572,9 @@ def build(app: SagaApp) -> FastAPI:
         body: HeldActionRequest,
         caller: Operator,
     ) -> dict[str, Any]:
-        """Replay (after its checks) or discard a held message, audited with the token's actor."""
+        """Replay (after its checks) or discard a held message, audited with the token's
+        actor. Answers the held message as it is now; a token without the read scope is
+        answered only ``{held_id, saga_id, outcome, version}`` (the saga's version)."""
         try:
             if verb == "replay":
                 app.replayer.replay(
@@ -560,7 +595,9 @@ def build(app: SagaApp) -> FastAPI:
                     404, "held-message-not-found", "No such held message", str(exc)
                 ) from exc
             raise
-        return held_for(caller, held_show(app, held_id))
+        if web.state.gate.reads(caller):
+            return held_for(caller, held_show(app, held_id))
+        return held_outcome(app, held_id)
 
     mount(web, app)
     mount_docs(web)

@@ -65,6 +65,10 @@ class Gate:
                 return Caller(actor, scopes)
         raise Unauthorized("unknown token")
 
+    def reads(self, caller: Caller) -> bool:
+        """Whether ``caller`` may read sagas (its token's scope, or public read)."""
+        return READ in caller.scopes or self.public_read
+
     def require(self, authorization: str | None, scope: str) -> Caller:
         """The caller, if it may use ``scope``; Unauthorized or Forbidden if not."""
         caller = self.identify(authorization)

@@ -12,6 +12,7 @@ and shows what comes back. Operator buttons call the JSON API with the same toke
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,10 +26,18 @@ from saga_tasks.app import SagaApp
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.errors import SagaNotFound, UnknownDefinitionVersion
-from saga_tasks.ops.views import list_view, saga_view, schedules_view, stuck
+from saga_tasks.ops.views import (
+    HISTORY_PAGE,
+    HISTORY_PAGE_MOST,
+    list_view,
+    saga_state_and_view,
+    schedules_view,
+    stuck,
+)
 from saga_tasks.persistence import dispatch, samples
 from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
+from saga_tasks.web.actions import offers
 from saga_tasks.web.auth import READ, Forbidden, Gate, Unauthorized
 
 HERE = Path(__file__).parent
@@ -115,19 +124,34 @@ def mount(web: FastAPI, app: SagaApp) -> None:
         )
 
     @web.get("/ui/sagas/{saga_id}", response_class=HTMLResponse, include_in_schema=False)
-    def saga_page(request: Request, saga_id: str) -> HTMLResponse:
+    def saga_page(
+        request: Request,
+        saga_id: str,
+        before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+        limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MOST)] = HISTORY_PAGE,
+    ) -> HTMLResponse:
         if (shell := refused(request)) is not None:
             return shell
         try:
-            view = saga_view(app, saga_id)
+            state, view = saga_state_and_view(
+                app, saga_id, history_limit=limit, history_before=before
+            )
         except SagaNotFound as exc:
             return page("missing.html", 404, what=str(exc))
+        definition = _definition(app, view)
+        offered, withheld = (
+            offers(definition, state, app.clock.now()) if definition is not None else (None, [])
+        )
         return page(
             "saga.html",
             saga=view,
             timeline=_timeline(view),
             graph=_graph(app, view),
             signals=_signals(app, view),
+            offered=offered,
+            withheld=withheld,
+            before=before,
+            page_limit="" if limit == HISTORY_PAGE else f"&limit={limit}",
             statuses=STATUS_ORDER,
         )
 
@@ -177,15 +201,27 @@ def _graph(app: SagaApp, view: dict[str, Any]) -> dict[str, Any] | None:
         rows[depth[s.name]] = row + 1
         place[s.name] = (depth[s.name], row)
     status = {st["step"]: st["status"] for st in view["steps"]}
-    w, h, gap_x, gap_y = 150, 44, 60, 22
+    labels = {
+        s.name: (
+            status.get(s.name, "PENDING"),
+            "pivot" if s.pivot else ("a person" if s.human else s.queue),
+        )
+        for s in definition.steps
+    }
+    # Every box as wide as the widest text it holds, so no text runs past its border.
+    text = max(
+        max(text_width(name, NAME_FONT, bold=True), text_width(f"{st} · {note}", STATE_FONT))
+        for name, (st, note) in labels.items()
+    )
+    w, h, gap_x, gap_y = max(150, round(text + 2 * NODE_PAD)), 44, 60, 22
     nodes = [
         {
             "step": s.name,
-            "status": status.get(s.name, "PENDING"),
+            "status": labels[s.name][0],
             "x": 10 + place[s.name][0] * (w + gap_x),
             "y": 10 + place[s.name][1] * (h + gap_y),
             "kind": "human" if s.human else ("pivot" if s.pivot else "step"),
-            "note": "pivot" if s.pivot else ("a person" if s.human else s.queue),
+            "note": labels[s.name][1],
         }
         for s in definition.steps
     ]
@@ -211,6 +247,25 @@ def _graph(app: SagaApp, view: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+NAME_FONT, STATE_FONT, NODE_PAD = 12.5, 10.5, 8
+"""The graph's font sizes (style.css: ``svg.graph .node .name``, ``.state``) and the
+space between a box's border and its text."""
+_NARROW = frozenset("fijlrt.,:;'!|()[] ·-")
+_WIDE = frozenset("mwMW@%")
+
+
+def text_width(text: str, size: float, *, bold: bool = False) -> float:
+    """How wide ``text`` runs at font ``size``, over-estimated for the common sans
+    fonts (a box a little too wide is better than text past its border): the page
+    cannot measure it before the browser draws it."""
+    ems = sum(
+        0.4 if c in _NARROW else 0.95 if c in _WIDE else 0.75 if c.isupper() or c.isdigit()
+        else 0.62
+        for c in text
+    )  # fmt: skip
+    return ems * size * (1.08 if bold else 1.0)
+
+
 def _signals(app: SagaApp, view: dict[str, Any]) -> list[dict[str, Any]]:
     """The human steps waiting for a person's decision, with the fields their schema asks."""
     definition = _definition(app, view)
@@ -221,10 +276,34 @@ def _signals(app: SagaApp, view: dict[str, Any]) -> list[dict[str, Any]]:
         s = definition.by_name.get(st["step"])
         if s is None or s.human is None or st["status"] != "REQUESTED":
             continue
-        schema = getattr(s.human.schema, "__self__", None)  # a pydantic model_validate
-        fields = list(getattr(schema, "model_fields", {}) or {})
-        waiting.append({"step": s.name, "schema": s.human.schema_name, "fields": fields})
+        fields = [
+            {"name": f.name, "takes": f.takes, "required": f.required} for f in s.human.fields
+        ]
+        example = {f.name: _example(f.takes) for f in s.human.fields if f.required}
+        waiting.append(
+            {
+                "step": s.name,
+                "schema": s.human.schema_name,
+                "fields": fields,
+                "example": json.dumps(example),
+            }
+        )
     return waiting
+
+
+def _example(takes: str) -> Any:
+    """A value of what a field takes, for the form's placeholder: its first allowed
+    value, or an empty one of its type."""
+    first = takes.partition(" | ")[0]
+    empty = {"string": "", "integer": 0, "number": 0, "boolean": False, "object": {}}
+    if first in empty:
+        return empty[first]
+    if first.startswith("array"):
+        return []
+    try:
+        return json.loads(first)
+    except ValueError:
+        return None
 
 
 def _waiting_for_people(app: SagaApp) -> list[dict[str, Any]]:
@@ -368,12 +447,13 @@ def _status_history(app: SagaApp, hours: int) -> dict[str, Any]:
 
 
 def _timeline(view: dict[str, Any]) -> dict[str, Any]:
-    """Each step's forward and compensation spans on one time axis, from the history."""
+    """Each step's forward and compensation spans on one time axis, from the page of
+    history the view holds (newest first: read here oldest first)."""
 
     def at(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value) if value else None
 
-    history = view["history"]
+    history = view["history"][::-1]
     start = at(view["created_at"]) or datetime.now(UTC)
     times = [at(h["at"]) for h in history if h["at"]]
     end = at(view["finished_at"]) or max([*(t for t in times if t), datetime.now(UTC)])

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.testing import wait_for, wait_for_status
 from saga_tasks.web import create_web_app
-from tests.helpers import ANA_TOKEN, ORDER, drain, rows, run_command, run_reply, scalar
+from tests.helpers import ANA_TOKEN, ORDER, drain, pump, rows, run_command, run_reply, scalar
 
 
 def free_port() -> int:
@@ -233,9 +233,21 @@ def chromium(playwright):
     )
 
 
+OVERFLOWING_TEXT = """() => [...document.querySelectorAll("svg.graph g.node")].flatMap((g) => {
+  const box = g.querySelector("rect").getBBox();
+  return [...g.querySelectorAll("text")]
+    .filter((t) => { const b = t.getBBox(); return b.x < box.x || b.x + b.width > box.x + box.width; })
+    .map((t) => t.textContent + " (" + t.getBBox().width + " > " + box.width + ")");
+})"""
+"""The texts of the graph's nodes that run past their box, as the browser draws them."""
+
+
 def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
+    declined = order_app.start_saga("order", "ui-declined", {**ORDER, "customer_id": "c-low"})
+    pump(order_app, settings.broker_url)
+    assert order_app.orchestrator.get(declined.saga_id).status is SagaStatus.COMPENSATED
     done = order_app.start_saga("order", "ui-ok", ORDER)
     review = order_app.start_saga("order", "ui-review", ORDER)
     for command in drain(settings.broker_url, "orders.commands"):
@@ -293,6 +305,21 @@ def test_dashboard_in_a_real_browser(order_app, settings, served, tmp_path):
         expect(page.locator("#history")).to_contain_text("operator_resolve")
         expect(page.locator("#history")).to_contain_text("ana")
         page.screenshot(path=str(tmp_path / "saga.png"), full_page=True)
+        # A compensated saga: each box of its graph holds its text (the longest state
+        # and queue line included), and no action is offered, each one with why not.
+        page.goto(served + f"/ui/sagas/{declined.saga_id}")
+        expect(page.locator("#status")).to_have_text("COMPENSATED")
+        expect(page.locator("svg.graph")).to_contain_text("COMPENSATED · inventory.commands")
+        expect(page.locator("svg.graph")).to_contain_text("SKIPPED · orders.commands")
+        past_border = page.evaluate(OVERFLOWING_TEXT)
+        assert past_border == [], past_border
+        expect(page.locator("button[data-action]")).to_have_count(0)
+        expect(page.locator("#no-action")).to_be_visible()
+        expect(page.locator("#withheld li")).to_have_count(4)
+        expect(page.locator("#withheld")).to_contain_text(
+            "Retry step: cannot retry a step: the saga is COMPENSATED"
+        )
+        page.screenshot(path=str(tmp_path / "compensated.png"), full_page=True)
         # A wrong token is refused and said so on the page.
         page.goto(served + f"/ui/sagas/{done.saga_id}")
         # The page arrives as a shell and its script fetches it again with the tab's

@@ -226,6 +226,83 @@ def test_a_forged_dead_letter_moves_no_saga_and_a_real_one_still_does(service_us
     assert orchestrator.orchestrator.get(saga_id).status is SagaStatus.COMPENSATING
 
 
+@pytest.mark.timeout(180)  # 2,000 messages through the intake, two tests at a time
+def test_a_flood_of_forged_dead_letters_leaves_the_saga_small(service_users, order_app):
+    """2,000 dead letters a participant forges about another's step move nothing, and
+    no longer grow the saga's history by 2,000 notes nor its ``GET`` to megabytes: the
+    newest few notes are kept and the rest counted, the held messages it lists are
+    bounded (counted too), and the history comes a page at a time."""
+    from fastapi.testclient import TestClient
+
+    from saga_tasks.persistence.sagas import NOTES_KEPT
+    from saga_tasks.web import create_web_app
+    from tests.helpers import ANA_TOKEN
+
+    orchestrator = service_users.app("orchestrator")
+    saga_id = to_reserve(service_users, orchestrator, "dl-flood").saga_id
+    before = orchestrator.orchestrator.get(saga_id)
+    lines = scalar(orchestrator.engine, "SELECT count(*) FROM saga.saga_history")
+    forged = {
+        "task": "inventory.reserve",
+        "saga_id": saga_id,
+        "saga_step": "reserve_stock",
+        "saga_message_kind": "command",
+        "saga_command_id": reserve_command_id(orchestrator, saga_id),
+        "saga_dead_reason": "the warehouse burned down",
+        "saga_dead_from": "inventory.commands",
+    }
+    flood = 2000
+    with Connection(service_users.url("payments")) as conn:
+        channel = conn.channel()
+        channel.confirm_select()
+        for _ in range(flood):
+            message = channel.prepare_message(
+                b"[[], {}, {}]",
+                content_type="application/json",
+                content_encoding="utf-8",
+                headers={**forged, "id": str(uuid.uuid4())},
+                properties={"user_id": service_users.user("payments")},
+            )
+            channel.basic_publish(message, exchange="saga.dlx", routing_key="inventory.commands")
+        channel.close()
+    taken = 0
+    while taken < flood:
+        report = orchestrator.intake.take(DEAD_LETTER)
+        assert report.taken, f"{taken} of {flood} taken"
+        taken += report.taken
+
+    after = orchestrator.orchestrator.get(saga_id)
+    assert (after.status, after.version) == (SagaStatus.RUNNING, before.version)
+    assert scalar(orchestrator.engine, "SELECT count(*) FROM saga.saga_history") == (
+        lines + NOTES_KEPT
+    ), "history bounded"
+    with TestClient(create_web_app(order_app)) as client:
+        auth = {"Authorization": f"Bearer {ANA_TOKEN}"}
+        answer = client.get(f"/sagas/{saga_id}", headers=auth)
+        assert answer.status_code == 200
+        assert len(answer.content) < 25_000, len(answer.content)
+        view = answer.json()
+        assert view["notes"] == [{"event": "held_not_attested", "noted": flood,
+                                  "dropped": flood - NOTES_KEPT,
+                                  "last_at": view["notes"][0]["last_at"]}]  # fmt: skip
+        assert view["held_count"] == {"total": flood, "pending": flood, "not_attested": flood}
+        assert len(view["held_messages"]) == 20
+        events = [h["event"] for h in view["history"]]
+        assert events[:NOTES_KEPT] == ["held_not_attested"] * NOTES_KEPT
+        assert events[NOTES_KEPT:][-1] == "saga_started", "the transitions all kept"
+        page = client.get(f"/ui/sagas/{saga_id}", headers=auth)
+        assert len(page.content) < 60_000, len(page.content)
+        assert f"held_not_attested: {flood} notes, the {flood - NOTES_KEPT} oldest dropped" in (
+            page.text
+        )
+        assert f"20 of {flood} shown" in page.text
+    env = service_users.deploy_env(**service_users.worker_env("orchestrator"))
+    shown = saga_cli("show", saga_id, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert f"held_not_attested: {flood}, the {flood - NOTES_KEPT} oldest dropped" in shown.stdout
+    assert f"{flood} pending, {flood} not attested, 20 of {flood} shown" in shown.stdout
+
+
 # -- the orchestrator's own copies do not launder a forged reply ---------------------------
 
 

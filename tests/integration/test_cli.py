@@ -50,7 +50,7 @@ def test_start_show_list_json_shapes(env):
     assert {
         "saga_id", "saga_type", "business_key", "status", "status_reason", "version",
         "definition_version", "created_at", "updated_at", "finished_at", "deadline", "steps", "history",
-        "held_messages",
+        "history_next", "notes", "held_messages", "held_count",
     } == set(view)  # fmt: skip
     assert view["status"] == "RUNNING" and view["version"] == 1
     assert [s["step"] for s in view["steps"]] == [
@@ -63,11 +63,13 @@ def test_start_show_list_json_shapes(env):
         "step", "status", "attempt", "compensation_attempt", "requested_at", "finished_at", "last_error",
     }  # fmt: skip
     assert view["steps"][0]["status"] == "REQUESTED" and view["steps"][0]["attempt"] == 1
-    assert [h["event"] for h in view["history"]] == ["saga_started", "step_requested"]
+    assert [h["event"] for h in view["history"]] == ["step_requested", "saga_started"]
     assert set(view["history"][0]) == {
-        "at", "event", "step", "status_before", "status_after", "step_status_before",
+        "id", "at", "event", "step", "status_before", "status_after", "step_status_before",
         "step_status_after", "message_id", "causation_id", "actor", "reason",
     }  # fmt: skip
+    assert (view["history_next"], view["notes"]) == (None, [])
+    assert view["held_count"] == {"total": 0, "pending": 0, "not_attested": 0}
 
     listed = json.loads(
         cli("list", "--status", "running", "--type", "order", "--json", env=env).stdout
@@ -77,6 +79,39 @@ def test_start_show_list_json_shapes(env):
 
     text = cli("show", handle["saga_id"], env=env)
     assert "create_order" in text.stdout and "REQUESTED" in text.stdout
+
+
+def test_show_pages_the_history_newest_first(env, order_app, settings):
+    from tests.helpers import pump, rows
+
+    saga_id = order_app.start_saga("order", "cli-pages", ORDER).saga_id
+    pump(order_app, settings.broker_url)
+    everything = [
+        r["id"]
+        for r in rows(
+            order_app.engine,
+            "SELECT id FROM saga.saga_history WHERE saga_id = :s ORDER BY id DESC",
+            s=saga_id,
+        )
+    ]
+    assert len(everything) > 6
+    seen, before = [], None
+    while True:
+        args = ["show", saga_id, "--limit", "3", "--json"]
+        page = json.loads(
+            cli(*args, *(["--before", str(before)] if before else []), env=env).stdout
+        )
+        seen += [h["id"] for h in page["history"]]
+        assert len(page["history"]) <= 3
+        before = page["history_next"]
+        if before is None:
+            break
+    assert seen == everything, "every line once, newest first"
+    text = cli("show", saga_id, "--limit", "3", env=env).stdout
+    assert "history (newest first)" in text
+    assert f"older: saga-tasks show {saga_id} --before {everything[2]}" in text
+    last = cli("show", saga_id, "--before", str(everything[-2]), env=env).stdout
+    assert "saga_started" in last and "older:" not in last
 
 
 @pytest.mark.parametrize(

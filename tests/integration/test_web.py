@@ -453,3 +453,119 @@ def test_counts_over_time_come_from_beats_samples(clocked_app, clock, settings):
     clock.advance(app.settings.sample_keep + 1)
     app.maintenance.sample_status()
     assert scalar(app.engine, "SELECT count(DISTINCT at) FROM saga.status_sample") == 1
+
+
+def _offered(page: str) -> dict[str, list[str]]:
+    """The page's operator buttons, each with the steps or statuses its select offers."""
+    import re
+
+    found = {}
+    for action in re.findall(r'<button data-action="([\w-]+)"', page):
+        select = "resolution" if action == "resolve" else f"{action}-step"
+        options = re.search(rf'<select id="{select}"[^>]*>(.*?)</select>', page, re.S)
+        found[action] = re.findall(r"<option>(\w+)</option>", options.group(1)) if options else []
+    return found
+
+
+def _withheld(page: str) -> list[tuple[str, str, str]]:
+    import html
+    import re
+
+    return [
+        (label, choice.strip(), html.unescape(why))
+        for label, choice, why in re.findall(
+            r"<li><b>([\w ]+)</b>(.*?): (.*?)</li>", page.partition('id="withheld"')[2], re.S
+        )
+    ]
+
+
+LABELS = {"Retry step": "retry-step", "Skip step": "skip-step", "Compensate": "compensate",
+          "Resolve": "resolve"}  # fmt: skip
+
+
+def test_a_saga_page_offers_only_the_actions_its_state_allows(client, order_app, settings):
+    """The operator buttons are what the decider would accept, and what it would refuse
+    is listed with its reason; the API refuses each of those with the very same reason."""
+    declined = start(client, key="o-low", payload={**ORDER, "customer_id": "c-low"})
+    declined = declined.json()["saga_id"]
+    pump(order_app, settings.broker_url)
+    assert order_app.orchestrator.get(declined).status.value == "COMPENSATED"
+    running = start(client, key="o-run").json()["saga_id"]  # its first step awaits its answer
+
+    page = client.get(f"/ui/sagas/{declined}").text
+    assert _offered(page) == {} and 'id="no-action"' in page
+    withheld = _withheld(page)
+    assert [label for label, _, _ in withheld] == list(LABELS), "one reason for each"
+    assert withheld[0][2] == "cannot retry a step: the saga is COMPENSATED"
+    assert withheld[3][2] == "only a saga in MANUAL_REVIEW can be resolved; this one is COMPENSATED"
+
+    page = client.get(f"/ui/sagas/{running}").text
+    assert _offered(page) == {
+        "retry-step": ["create_order"],
+        "skip-step": ["create_order"],
+        "compensate": [],
+    }
+    withheld = _withheld(page)
+    assert ("Resolve", "", "only a saga in MANUAL_REVIEW can be resolved; this one is RUNNING") in (
+        withheld
+    )
+    assert ("Retry step", "reserve_stock") in [(label, choice) for label, choice, _ in withheld]
+    # The same rules: each action left out is refused by the API with the reason shown.
+    for saga_id in (declined, running):
+        page = client.get(f"/ui/sagas/{saga_id}").text
+        version = order_app.orchestrator.get(saga_id).version
+        for label, choice, why in _withheld(page):
+            action = LABELS[label]
+            body = {"reason": "try", "expect_version": version}
+            if action == "resolve":
+                body["status"] = choice or "FAILED"
+            elif action != "compensate":
+                body["step"] = choice or "create_order"
+            refused = client.post(f"/sagas/{saga_id}/{action}", json=body)
+            assert refused.status_code == 409, (saga_id, label, choice, refused.text)
+            assert refused.json()["detail"] == why
+        assert order_app.orchestrator.get(saga_id).version == version
+
+
+def test_history_comes_a_page_at_a_time_newest_first(client, order_app, settings):
+    """``GET /sagas/{id}`` holds a page of the history and the cursor of the next; the
+    dashboard links to the older page and back to the newest."""
+    import re
+
+    saga_id = start(client, key="pages").json()["saga_id"]
+    pump(order_app, settings.broker_url)
+    with order_app.engine.connect() as conn:
+        everything = (
+            conn.execute(
+                text("SELECT id FROM saga.saga_history WHERE saga_id = :s ORDER BY id DESC"),
+                {"s": saga_id},
+            )
+            .scalars()
+            .all()
+        )
+    assert len(everything) > 8
+    whole = client.get(f"/sagas/{saga_id}").json()
+    assert [h["id"] for h in whole["history"]] == everything and whole["history_next"] is None
+    seen, cursor = [], None
+    while True:
+        query = {"history_limit": 4, **({"history_before": cursor} if cursor else {})}
+        page = client.get(f"/sagas/{saga_id}", params=query).json()
+        assert 1 <= len(page["history"]) <= 4
+        seen += [h["id"] for h in page["history"]]
+        cursor = page["history_next"]
+        if cursor is None:
+            break
+    assert seen == everything
+    for bad in ({"history_limit": 0}, {"history_limit": 1001}, {"history_before": 0}):
+        assert client.get(f"/sagas/{saga_id}", params=bad).status_code == 422, bad
+
+    first = client.get(f"/ui/sagas/{saga_id}").text
+    assert 'id="history-older"' not in first  # the whole history fits the page
+    first = client.get(f"/ui/sagas/{saga_id}?limit=4").text
+    assert len(re.findall(r'<tr><td class="t">', first.partition('id="history"')[2])) == 4
+    older = re.search(r'href="(/ui/sagas/[^"?]+\?before=(\d+)&amp;limit=4)" id="history-older"',
+                      first)  # fmt: skip
+    assert older and int(older.group(2)) == everything[3]
+    second = client.get(older.group(1).replace("&amp;", "&")).text
+    assert 'id="history-newest"' in second and "older than line" in second
+    assert len(re.findall(r'<tr><td class="t">', second.partition('id="history"')[2])) == 4

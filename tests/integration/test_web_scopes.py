@@ -16,9 +16,22 @@ from kombu import Connection
 
 from saga_tasks import SagaApp
 from saga_tasks.core.messages import H_KIND, H_SAGA_ID, H_STEP
+from saga_tasks.core.states import SagaStatus
 from saga_tasks.runtime.holding import DEAD_LETTER
 from saga_tasks.web import create_web_app
-from tests.helpers import ANA_TOKEN, ORDER, drain, events, reject_one, scalar
+from tests.helpers import (
+    ANA_TOKEN,
+    ORDER,
+    drain,
+    events,
+    pump,
+    reject_one,
+    run_command,
+    run_reply,
+    scalar,
+)
+from tests.integration.test_signal_web import RETURN
+from tests.versioned_app import build as build_versions
 
 VIEWER = "token-of-viewer-0123456789"
 STARTER = "token-of-starter-012345678"
@@ -216,15 +229,99 @@ def test_actions_need_operate_and_starts_need_start(scoped, order_app, settings)
         status_url = started.json()["status_url"]
         assert client.get(status_url, headers=bearer(STARTER)).status_code == 403
         assert client.get(status_url, headers=bearer(VIEWER)).status_code == 200
-        # ops acts (the answer shows what it changed) and the history names it.
+        # ops acts (the answer says what it did, and nothing it may not read) and the
+        # history names it.
         done = client.post(f"/sagas/{handle.saga_id}/compensate", json=body, headers=bearer(OPS))
         assert done.status_code == 200, done.text
-        assert done.json()["status"] == "COMPENSATING"
+        assert done.json() == {"saga_id": handle.saga_id, "outcome": "accepted",
+                               "version": version + 1}  # fmt: skip
         discarded = client.post(
             f"/held/{held_id}/discard", json={"reason": "a test message"}, headers=bearer(OPS)
         )
-        assert discarded.status_code == 200 and discarded.json()["resolved_by"] == "ops"
+        assert discarded.status_code == 200, discarded.text
+        assert discarded.json()["outcome"] == "discarded"
     assert ("operator_compensate", "ops") in events(order_app, handle.saga_id)
+    assert scalar(order_app.engine, "SELECT resolved_by FROM saga.held_message") == "ops"
+
+
+def in_review(app, url, key):
+    """An order saga in MANUAL_REVIEW: its first step answered twice, contradicting."""
+    saga_id = app.start_saga("order", key, ORDER).saga_id
+    (command,) = [c for c in drain(url, "orders.commands") if c["headers"]["saga_id"] == saga_id]
+    run_command(app, command)
+    (reply,) = drain(url, "saga.replies")
+    run_reply(app, reply)
+    failure = {"outcome": "failure", "error": {"code": "x", "message": "no"}}
+    run_reply(app, {**reply, "headers": {**reply["headers"], "id": f"{key}-c"}, "kwargs": failure})
+    assert app.orchestrator.get(saga_id).status is SagaStatus.MANUAL_REVIEW
+    return saga_id
+
+
+def test_an_operate_only_token_is_answered_what_it_did_not_the_saga(scoped, order_app, settings):
+    """Every action route answers a token with ``operate`` alone ``{saga_id, outcome,
+    version}`` (and a held message's id): no history, steps or reasons, which its ``GET``
+    would refuse it. A token that may read is answered the saga."""
+    url = settings.broker_url
+    versioned = build_versions("1,2", replace(settings, api_tokens=TOKENS))
+    try:
+        returned = order_app.start_saga("return", "r-op", RETURN).saga_id
+        pump(order_app, url)  # the return saga waits for a person
+        sagas = {key: versioned.start_saga("order", key, ORDER).saga_id for key in "abcdef"}
+        review = in_review(versioned, url, "g")
+        held_ids = [hold(versioned, settings, sagas["e"], {"x": 1})]
+        # A real dead letter, to replay: the broker dead-letters a command it was refused.
+        sagas["h"] = versioned.start_saga("order", "h", ORDER).saga_id
+        versioned.flush()
+        assert reject_one(url, "orders.commands").headers["saga_id"] == sagas["h"]
+        assert versioned.intake.take(DEAD_LETTER).taken == 1
+        held_ids.append(scalar(versioned.engine, "SELECT max(id) FROM saga.held_message"))
+        actions = [
+            (versioned, f"/sagas/{sagas['a']}/retry-step", {"step": "create_order"}),
+            (versioned, f"/sagas/{sagas['b']}/skip-step", {"step": "create_order"}),
+            (versioned, f"/sagas/{sagas['c']}/compensate", {}),
+            (versioned, f"/sagas/{review}/resolve", {"status": "FAILED"}),
+            (versioned, f"/sagas/{sagas['d']}/migrate", {"to_version": 1}),
+            (order_app, f"/sagas/{returned}/steps/inspect/signal",
+             {"data": {"decision": "rejected"}}),
+            (versioned, f"/held/{held_ids[0]}/discard", {}),
+            (versioned, f"/held/{held_ids[1]}/replay", {"force": True, "force_reason": "test"}),
+        ]  # fmt: skip
+        with TestClient(create_web_app(versioned)) as on_versions, scoped() as on_orders:
+            clients = {id(versioned): on_versions, id(order_app): on_orders}
+            for app, path, extra in actions:
+                saga_id = path.split("/")[2] if path.startswith("/sagas/") else None
+                body = {"reason": "checked", **extra}
+                if saga_id and not path.endswith(("/migrate", "/signal")):
+                    body["expect_version"] = app.orchestrator.get(saga_id).version
+                r = clients[id(app)].post(path, json=body, headers=bearer(OPS))
+                assert r.status_code == 200, (path, r.text)
+                answer = r.json()
+                if saga_id is None:
+                    held_id = int(path.split("/")[2])
+                    saga_id = scalar(versioned.engine,
+                                     "SELECT saga_id::text FROM saga.held_message WHERE id = :i",
+                                     i=held_id)  # fmt: skip
+                    assert answer.pop("held_id") == held_id
+                    assert answer.pop("outcome") == ("replayed" if "replay" in path
+                                                     else "discarded")  # fmt: skip
+                else:
+                    assert answer.pop("outcome") == "accepted", path
+                assert answer == {"saga_id": saga_id,
+                                  "version": app.orchestrator.get(saga_id).version}, path  # fmt: skip
+                assert "checked" not in r.text and "history" not in r.text, path
+            # read+operate is answered the saga, as GET would show it.
+            saga_id = sagas["f"]
+            body = {
+                "reason": "checked",
+                "expect_version": versioned.orchestrator.get(saga_id).version,
+            }
+            full = on_versions.post(f"/sagas/{saga_id}/compensate", json=body,
+                                    headers=bearer(ANA_TOKEN))  # fmt: skip
+            assert full.status_code == 200, full.text
+            seen = on_versions.get(f"/sagas/{saga_id}", headers=bearer(ANA_TOKEN)).json()
+            assert full.json() == {**seen, "outcome": "accepted"}
+    finally:
+        versioned.close()
 
 
 def test_public_read_lets_reads_through_without_a_token_still_redacted(scoped, order_app, settings):

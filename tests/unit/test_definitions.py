@@ -94,6 +94,33 @@ def test_other_problems_are_definition_errors(build, message):
         build()
 
 
+def test_a_human_steps_schema_fields_are_recorded_where_it_is_defined():
+    """The step keeps a closure around the model's validator, which tells no fields:
+    what a form lists is read from the model when the step is defined."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    from saga_tasks import human_step
+    from saga_tasks.core.definitions import SignalField
+
+    class Decision(BaseModel):
+        decision: Literal["accepted", "rejected"]
+        amount_cents: int
+        tags: list[str] = []
+        note: str | None = None
+
+    fields = human_step("decide", schema=Decision).human.fields
+    assert fields == (
+        SignalField("decision", '"accepted" | "rejected"', required=True),
+        SignalField("amount_cents", "integer", required=True),
+        SignalField("tags", "array of string", required=False),
+        SignalField("note", "string | null", required=False),
+    )
+    assert human_step("any").human.fields == ()
+    assert human_step("callable", schema=dict).human.fields == ()
+
+
 def test_policies_and_timeouts():
     x = step("a", "p.a", queue="q", timeout=2.5, retry=4, late_reply="ignore")
     assert x.timeout == timedelta(seconds=2.5)

@@ -61,15 +61,26 @@ def start(obj: Context, saga_type: str, business_key: str, payload: str, as_json
 
 @click.command()
 @click.argument("saga_id")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=50,
+    show_default=True,
+    help="History lines to show, newest first.",
+)
+@click.option(
+    "--before", type=click.IntRange(1, 2**62), help="Only history lines older than this id."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def show(obj: Context, saga_id: str, as_json: bool) -> None:
-    """Show one saga: status, steps and history."""
+def show(obj: Context, saga_id: str, limit: int, before: int | None, as_json: bool) -> None:
+    """Show one saga: status, steps, held messages and a page of its history, newest
+    first (the command for the older page is printed under it)."""
     from saga_tasks.ops.views import saga_view
 
     reader = obj.reader()
     with errors():
-        view = saga_view(reader, saga_id)
+        view = saga_view(reader, saga_id, history_limit=limit, history_before=before)
     emit(view, as_json, render_saga)
 
 
@@ -84,13 +95,25 @@ def render_saga(v: dict[str, Any]) -> None:
         error = f"  {s['last_error']}" if s["last_error"] else ""
         click.echo(f"  {s['step']:<24} {s['status']:<22} attempt {s['attempt']}{error}")
     if v.get("held_messages"):
-        click.echo("\nheld messages (saga-tasks dlq|parking show ID)")
+        counted = v["held_count"]
+        shown = len(v["held_messages"])
+        more = f", {shown} of {counted['total']} shown" if counted["total"] > shown else ""
+        click.echo(
+            f"\nheld messages: {counted['pending']} pending, {counted['not_attested']} not "
+            f"attested{more} (saga-tasks dlq|parking list, show ID)"
+        )
         for m in v["held_messages"]:
             step = m["step"] or "-"
             click.echo(
                 f"  {m['id']:>6}  {m['holding']:<11} {m['status']:<9} {step:<18} {m['reason']}"
             )
-    click.echo("\nhistory")
+    for n in v["notes"]:
+        if n["dropped"]:
+            click.echo(
+                f"\nnotes     {n['event']}: {n['noted']}, the {n['dropped']} oldest dropped "
+                f"(the newest kept), last {n['last_at']}"
+            )
+    click.echo("\nhistory (newest first)")
     for h in v["history"]:
         step = f" [{h['step']}]" if h["step"] else ""
         change = ""
@@ -98,7 +121,9 @@ def render_saga(v: dict[str, Any]) -> None:
             change = f" {h['step_status_before']} -> {h['step_status_after']}"
         reason = f" - {h['reason']}" if h["reason"] else ""
         actor = f" ({h['actor']})" if h["actor"] != "system" else ""
-        click.echo(f"  {h['at']}  {h['event']}{step}{change}{actor}{reason}")
+        click.echo(f"  {h['id']:>8}  {h['at']}  {h['event']}{step}{change}{actor}{reason}")
+    if v["history_next"] is not None:
+        click.echo(f"\nolder: saga-tasks show {v['saga_id']} --before {v['history_next']}")
 
 
 @click.command("list")

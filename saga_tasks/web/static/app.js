@@ -74,7 +74,7 @@
       const action = button.dataset.action;
       const ref = document.getElementById("saga-ref").dataset;
       const body = {reason: val("reason"), expect_version: Number(ref.sagaVersion)};
-      if (action === "retry-step" || action === "skip-step") body.step = val("step");
+      if (action === "retry-step" || action === "skip-step") body.step = val(action + "-step");
       if (action === "resolve") body.status = val("resolution");
       post("/sagas/" + encodeURIComponent(ref.sagaId) + "/" + action, body);
       return;
