@@ -76,7 +76,7 @@ def reset_sagas(database_url: str) -> None:
         conn.execute(
             text(
                 "TRUNCATE saga.saga_instance, saga.saga_step, saga.saga_history, saga.outbox, "
-                "saga.inbox"
+                "saga.inbox, saga.saga_note_tally"
             )
         )
     engine.dispose()

@@ -7,8 +7,8 @@ history without bound: 2,000 forged dead letters made 2,010 history rows of a sa
 had 10, and its ``GET /sagas/{id}`` 2.5 MB. Now each saga keeps the newest few notes of
 each kind, and ``saga_note_tally`` counts them all and those dropped.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-03
 """
 
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import UUID
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
