@@ -365,6 +365,14 @@ class SagaDefinition:
         """Every step that depends on ``name``, directly or through others."""
         return self._descendants[name]
 
+    def read_by(self, name: str) -> tuple[Step, ...]:
+        """The steps whose condition reads the result of step ``name``."""
+        return tuple(
+            s
+            for s in self.steps
+            if s.when is not None and any(p.split(".")[0] == name for p in s.when.paths())
+        )
+
     def validate_payload(self, payload: Any) -> dict[str, Any]:
         """Return the payload as stored, or raise ``InvalidPayload`` with every problem named."""
         if self.payload_validator is None:

@@ -385,3 +385,52 @@ def test_a_human_step_cannot_be_skipped_its_decision_would_be_missing() -> None:
     assert d.state.steps["inspect"].status is StepStatus.REQUESTED
     with pytest.raises(ActionRefused, match="signal"):
         act(d, OperatorVerb.SKIP_STEP, "inspect")
+
+
+def _branch_on_a_step() -> SagaDefinition:
+    """An ordinary step's result chooses the branch: inspect -> (refund | send_back)."""
+    return saga(
+        "branch_on_step",
+        step("inspect", "w.inspect", compensation="w.uninspect", queue="w.commands",
+             on_dead_letter="manual_review"),
+        step("refund", "p.refund", compensation="p.void", queue="p.commands",
+             when=equals("inspect.decision", "accepted")),
+        step("send_back", "w.send_back", compensation="w.recall", queue="w.commands",
+             when=equals("inspect.decision", "rejected"), depends_on=["inspect"]),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("in_review", [False, True])
+def test_a_step_a_condition_reads_cannot_be_done_by_hand(in_review: bool) -> None:
+    # Done by hand, inspect's result would be {"skipped_by": ...}: both conditions read
+    # null, neither branch is taken, and the return completes neither refunded nor sent
+    # back. Refused, saying what to do instead; nothing is written.
+    defn = _branch_on_a_step()
+    d = Driver(defn)
+    d.start()
+    if in_review:  # its command was dead-lettered: a person is to decide what next
+        cid = d.state.steps["inspect"].command_id
+        d.apply(DeadLettered(MessageKind.COMMAND, "inspect", cid, "m-dead", "rejected", 1))
+        assert d.state.status is SagaStatus.MANUAL_REVIEW
+    before = d.state
+    with pytest.raises(ActionRefused, match=r"condition of step 'refund'.*retry it"):
+        act(d, OperatorVerb.SKIP_STEP, "inspect")
+    assert d.state == before
+    # The answer it waits for decides the branch, as it should.
+    if not in_review:
+        d.apply(d.reply("inspect", result={"decision": "rejected"}))
+        assert d.state.steps["refund"].not_taken
+        assert d.state.steps["send_back"].status is StepStatus.REQUESTED
+
+
+def test_a_step_no_pending_condition_reads_can_still_be_done_by_hand() -> None:
+    defn = _branch_on_a_step()
+    d = Driver(defn)
+    d.start()
+    d.apply(d.reply("inspect", result={"decision": "accepted"}))
+    before = d.state
+    decision = act(d, OperatorVerb.SKIP_STEP, "refund")
+    check(defn, before, decision, operator=True)
+    fence = next(c for c in decision.commands if c.kind is MessageKind.COMPENSATION)
+    d.apply(d.reply("refund", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
+    assert d.state.status is SagaStatus.COMPLETED
