@@ -60,6 +60,9 @@ NO_SIGNAL = "no_signal"
 """``StepState.error`` of a human step whose deadline passed with no decision."""
 ESCALATED = "escalated"
 """``StepState.error`` of a human step still waiting after its escalation alert."""
+SKIPPED_BY = "skipped_by"
+"""The one key of the result of a step done by hand (``skip-step``): who did it. The step
+has no result of its own."""
 FENCING = "fencing"
 """``StepState.error`` of a step done by hand while its command was in flight: the
 compensation that fences that command (undoes it, or leaves a tombstone) is awaited."""
@@ -100,6 +103,11 @@ class StepState:
     def in_flight(self) -> bool:
         """A message is out for this step and its answer is awaited."""
         return self.status in IN_FLIGHT or self.fencing
+
+    @property
+    def by_hand(self) -> bool:
+        """Done by an operator (``skip-step``): its result names who, not what it did."""
+        return self.result is not None and SKIPPED_BY in self.result
 
     @property
     def not_taken(self) -> bool:

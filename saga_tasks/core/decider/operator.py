@@ -29,7 +29,7 @@ from saga_tasks.core.decider.replay import replay_awaits
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import Step
 from saga_tasks.core.events import OperatorAction, OperatorVerb
-from saga_tasks.core.model import FENCING, LATE_FAILURE, LATE_SUCCESS, StepState
+from saga_tasks.core.model import FENCING, LATE_FAILURE, LATE_SUCCESS, SKIPPED_BY, StepState
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
 
@@ -163,7 +163,7 @@ def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> 
         given_up=False,
         error=None,
         deadline=None,
-        result={"skipped_by": a.actor},
+        result={SKIPPED_BY: a.actor},
     )
     tx.set_step(
         s.name,
