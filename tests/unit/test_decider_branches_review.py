@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from saga_tasks.core.conditions import equals
 from saga_tasks.core.decider import replay_awaits
+from saga_tasks.core.decider.commands import fence_id
 from saga_tasks.core.definitions import SagaDefinition, human_step, saga, step
 from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
 from saga_tasks.core.model import SagaState
@@ -165,6 +166,44 @@ def test_a_sweep_that_calls_a_reviewer_for_a_human_step_sends_no_retry_with_it()
     act(d, OperatorVerb.RETRY_STEP, "h")
     d.tick(1)
     assert d.state.steps["a"].status is StepStatus.REQUESTED
+
+
+def test_a_sweep_that_a_spent_fence_sends_to_review_sends_no_retry_with_it():
+    # After the pivot, b was done by hand (its command fenced, one attempt) and a failed
+    # (it awaits its retry); both fall due in one sweep. The fence without an answer calls
+    # a person: the retry must wait for them too, not go out with a saga in review.
+    defn = saga(
+        "both_due",
+        step("pv", "p.pv", queue="q", pivot=True),
+        step("a", "p.a", compensation="p.ua", queue="q", depends_on=["pv"], timeout=50, retry=3),
+        step("b", "p.b", compensation="p.ub", queue="q", depends_on=["pv"], timeout=50,
+             compensation_retry=1),
+    )  # fmt: skip
+    d = Driver(defn)
+    d.start()
+    d.succeed("pv")
+    check(defn, d.state, act(d, OperatorVerb.SKIP_STEP, "b"), operator=True)
+    assert d.state.steps["b"].fencing
+    d.fail("a")
+    assert d.state.steps["a"].awaits_retry
+    before = d.state
+    decision = d.tick(400)
+    check(defn, before, decision)
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert d.state.steps["b"].error == "fence_failed"
+    assert not decision.commands
+    assert d.state.steps["a"].awaits_retry, "the retry waits for the person"
+    # The person replays the held fence: the saga resumes, and the retry follows.
+    cid = fence_id(d.state, "b", d.state.steps["b"])
+    before = d.state
+    resumed = act(d, OperatorVerb.REPLAY, "b", message_kind=MessageKind.COMPENSATION,
+                  command_id=cid)  # fmt: skip
+    check(defn, before, resumed, operator=True)
+    assert d.state.status is SagaStatus.RUNNING
+    before = d.state
+    decision = d.tick(1)
+    check(defn, before, decision)
+    assert [(c.step, c.kind) for c in decision.commands] == [("a", MessageKind.COMMAND)]
 
 
 def test_an_operator_retry_of_a_ready_step_whose_condition_does_not_hold_sends_nothing():
