@@ -86,6 +86,8 @@ class StepState:
     requested_at: datetime | None = None
     deadline: datetime | None = None
     finished_at: datetime | None = None
+    """When the step settled. For a human step still waiting while its saga is in review:
+    when that wait stopped (``wait_stopped``)."""
     result: Mapping[str, Any] | None = None
     error: str | None = None
     given_up: bool = False
@@ -113,6 +115,25 @@ class StepState:
     def not_taken(self) -> bool:
         """Skipped because its condition did not hold: the branch was not taken."""
         return self.status is StepStatus.SKIPPED and self.error == NOT_TAKEN
+
+    @property
+    def awaits_signal(self) -> bool:
+        """A human step waiting for a person's decision: requested, with no command."""
+        return self.status is StepStatus.REQUESTED and self.command_id is None
+
+    def wait_stopped(self, now: datetime) -> StepState:
+        """The saga went to review, where no decision can be given: a person's wait stops,
+        so the time in review does not count against its deadline."""
+        if not self.awaits_signal or self.finished_at is not None:
+            return self
+        return self.evolve(finished_at=now)
+
+    def wait_resumed(self, now: datetime) -> StepState:
+        """The saga left review: a person's wait goes on, its deadline moved on by the time
+        the wait was stopped."""
+        if not self.awaits_signal or self.finished_at is None or self.deadline is None:
+            return self
+        return self.evolve(deadline=self.deadline + (now - self.finished_at), finished_at=None)
 
     @property
     def awaits_retry(self) -> bool:

@@ -4,12 +4,14 @@ branch not taken sent anyway, a pivot that succeeded after compensation began)."
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from saga_tasks.core.conditions import equals
-from saga_tasks.core.decider import replay_awaits
+from saga_tasks.core.decider import hand_over, replay_awaits
 from saga_tasks.core.decider.commands import fence_id
 from saga_tasks.core.definitions import SagaDefinition, human_step, saga, step
 from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
@@ -473,3 +475,69 @@ def test_a_step_no_pending_condition_reads_can_still_be_done_by_hand() -> None:
     fence = next(c for c in decision.commands if c.kind is MessageKind.COMPENSATION)
     d.apply(d.reply("refund", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
     assert d.state.status is SagaStatus.COMPLETED
+
+
+def _person_beside_a_step() -> SagaDefinition:
+    """A person decides h while c runs beside it; c's dead letter calls a reviewer."""
+    return saga(
+        "beside_person",
+        step("c", "p.c", compensation="p.uc", queue="q", depends_on=[], timeout=1000,
+             on_dead_letter="manual_review"),
+        human_step("h", timeout=100, escalate_after=40, depends_on=[]),
+        step("after", "p.after", compensation="p.uafter", queue="q", depends_on=["c", "h"]),
+        timeout=100_000,
+    )  # fmt: skip
+
+
+def test_time_in_review_does_not_count_against_a_person():
+    # h waits 30 s, then c's command is dead-lettered and the saga waits 500 s in review,
+    # where no decision can be given. Resumed, h still has 70 s: the next sweep neither
+    # escalates nor fails it (before: it failed at once with no_signal and compensated).
+    defn = _person_beside_a_step()
+    d = Driver(defn)
+    d.start()
+    wake, asked = d.state.steps["h"].deadline, d.state.steps["h"].requested_at
+    assert wake is not None and asked is not None
+    d.now += timedelta(seconds=30)
+    cid = d.state.steps["c"].command_id
+    d.apply(DeadLettered(MessageKind.COMMAND, "c", cid, "m-dead", "rejected", 1))
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    stopped = d.now
+    with pytest.raises(ActionRefused):
+        d.signal("h", {"ok": True})
+    d.now += timedelta(seconds=500)
+    before = d.state
+    resumed = act(d, OperatorVerb.REPLAY, "c", message_kind=MessageKind.COMMAND, command_id=cid)
+    check(defn, before, resumed, operator=True)
+    assert d.state.status is SagaStatus.RUNNING
+    resumed_at, h = d.now, d.state.steps["h"]
+    before = d.state
+    decision = d.tick(1)
+    check(defn, before, decision)
+    assert d.state.status is SagaStatus.RUNNING
+    assert d.state.steps["h"].status is StepStatus.REQUESTED
+    assert d.state.steps["h"].error is None, "not escalated: 31 s of 40 have passed"
+    assert h.deadline == wake + (resumed_at - stopped), "moved on by the time in review"
+    assert h.requested_at == asked and h.finished_at is None
+    # Escalated at 40 s of waiting outside review, failed at 100 s.
+    d.lapse()
+    assert d.state.steps["h"].error == "escalated"
+    assert d.state.steps["h"].deadline == h.deadline + timedelta(seconds=60)
+    d.signal("h", {"ok": True})
+    assert d.state.steps["h"].status is StepStatus.SUCCEEDED
+
+
+def test_a_saga_the_sweeper_hands_over_stops_a_persons_wait_too():
+    defn = _person_beside_a_step()
+    d = Driver(defn)
+    d.start()
+    d.now += timedelta(seconds=10)
+    decision = hand_over(d.state, "the decider failed at a deadline (KeyError)", now=d.now)
+    assert decision.state.steps["h"].finished_at == d.now
+    assert [h.event for h in decision.history] == ["manual_review", "signal_wait_stopped"]
+    d.state = decision.state
+    d.now += timedelta(seconds=300)
+    act(d, OperatorVerb.RETRY_STEP, "c")  # the same command again: the saga resumes
+    assert d.state.steps["h"].deadline == d.state.steps["h"].requested_at + timedelta(
+        seconds=40 + 300 + 0.01
+    )

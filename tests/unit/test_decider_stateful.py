@@ -223,7 +223,7 @@ class SagaWorld(RuleBasedStateMachine):
         if after is not None and after <= now:
             steps = ", ".join(f"{n} {x.status.value}" for n, x in decision.state.steps.items())
             self.handed_over.append(f"left due after a sweep ({decision.state.status}: {steps})")
-            decision = hand_over(before, "a deadline passed and nothing was due for it")
+            decision = hand_over(before, "a deadline passed and nothing was due for it", now=now)
         self.driver.decisions.append(decision)
         self.driver.state = decision.state
         self._decide(before, decision)

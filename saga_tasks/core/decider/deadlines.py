@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from saga_tasks.core.decider.commands import Send, current_wait, send
+from saga_tasks.core.decider.commands import Send, current_wait, decide_by, send
 from saga_tasks.core.decider.progress import (
     advance,
     after_pivot,
@@ -258,7 +258,7 @@ def _human_deadlines(tx: Transition) -> None:
             continue
         if st.deadline is None or st.deadline > tx.now:
             continue
-        final = (st.requested_at or tx.now) + s.timeout
+        final = decide_by(s, st)
         if st.error != ESCALATED and tx.now < final:
             tx.set_step(
                 s.name,
