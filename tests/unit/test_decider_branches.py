@@ -20,6 +20,8 @@ from saga_tasks import (
     equals,
     exists,
     human_step,
+    less,
+    not_equals,
     one_of,
 )
 from saga_tasks.core.conditions import read
@@ -342,3 +344,52 @@ def test_reading_a_path_never_raises(data: Any, path: list[str]) -> None:
         assert c.holds({}, results) is (
             value == 1 if c.op == "==" else value == 1 or (isinstance(value, int) and value >= 1)
         )
+
+
+@pytest.mark.parametrize(
+    ("condition", "found", "holds"),
+    [
+        (equals("payload.v", 1), True, False),
+        (equals("payload.v", 0), False, False),
+        (equals("payload.v", True), 1, False),
+        (equals("payload.v", 1), 1.0, True),
+        (equals("payload.v", True), True, True),
+        (not_equals("payload.v", 1), True, True),
+        (one_of("payload.v", [1, "a"]), True, False),
+        (one_of("payload.v", [0]), False, False),
+        (one_of("payload.v", [True]), True, True),
+        (at_least("payload.v", 1), True, False),
+        (less("payload.v", 1), False, False),
+        (at_least("payload.v", 1), 1.5, True),
+        (at_least("payload.v", "2026-01-01"), "2026-02-01", True),
+    ],
+)
+def test_conditions_compare_as_json_a_bool_is_no_number(
+    condition: Condition, found: Any, holds: bool
+) -> None:
+    # Python's True == 1 (and False == 0, True >= 1) is not JSON's: a decision stored as
+    # true must not take the branch of the number 1.
+    assert condition.holds({"v": found}, {}) is holds
+
+
+def test_two_conditions_are_one_only_when_their_values_are_one_json_value() -> None:
+    # Versions compare conditions by value: moving a saga from `== 1` to `== true` changes
+    # which branch it takes, so the two must differ.
+    assert equals("payload.v", 1) != equals("payload.v", True)
+    assert one_of("payload.v", [0]) != one_of("payload.v", [False])
+    assert equals("payload.v", 1) == equals("payload.v", 1.0)
+    assert hash(equals("payload.v", 1)) == hash(equals("payload.v", 1.0))
+    with pytest.raises(ValueError, match="number or a string"):
+        at_least("payload.v", True)
+
+
+def test_a_different_decision_is_no_duplicate_even_where_python_calls_it_equal() -> None:
+    d = Driver(_returns_like())
+    d.start()
+    d.succeed("create")
+    d.signal("inspect", {"decision": "rejected", "urgent": True})
+    assert d.signal("inspect", {"decision": "rejected", "urgent": True}).classification.value == (
+        "duplicate"
+    )
+    with pytest.raises(ActionRefused):
+        d.signal("inspect", {"decision": "rejected", "urgent": 1})
