@@ -18,10 +18,11 @@ __all__ = ["NotJson", "is_number", "json_document", "json_key", "same_json"]
 
 
 class NotJson(TypeError):
-    """A value has no one JSON form: ``where`` says which member, ``kind`` its type."""
+    """A value has no one JSON form: ``where`` says which member (a dotted path, ``[i]``
+    for an array's), ``kind`` what it is."""
 
     def __init__(self, where: str, kind: str) -> None:
-        super().__init__(f"{where} is a {kind}, which is not a JSON value")
+        super().__init__(f"{where or 'the document'} is a {kind}, which is not a JSON value")
         self.where = where
         self.kind = kind
 
@@ -31,7 +32,7 @@ def json_document(value: Mapping[str, Any]) -> dict[str, Any]:
     member that has no one JSON form. Tuples become arrays; anything else that JSON does
     not have (a datetime, a Decimal, a set, bytes, a key that is no string, NaN) is
     refused rather than guessed at: read back, it would not be what was compared."""
-    document = _member(value, "the data")
+    document = _member(value, "")
     assert isinstance(document, dict)
     return document
 
@@ -41,14 +42,15 @@ def _member(value: Any, where: str) -> Any:
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise NotJson(where, f"float ({value})")
+            raise NotJson(where, "float that is not finite")
         return value
     if isinstance(value, Mapping):
         out = {}
         for key, member in value.items():
+            inner = f"{where}.{key}" if where else str(key)
             if not isinstance(key, str):
-                raise NotJson(f"a key of {where} ({key!r})", type(key).__name__)
-            out[key] = _member(member, f"{where}.{key}")
+                raise NotJson(f"the key {inner}", f"{type(key).__name__}, not a string")
+            out[key] = _member(member, inner)
         return out
     if isinstance(value, list | tuple):
         return [_member(m, f"{where}[{i}]") for i, m in enumerate(value)]

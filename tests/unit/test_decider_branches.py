@@ -7,6 +7,10 @@ once the pivot succeeded nothing is compensated, whatever answers or silence fol
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from hypothesis import strategies as st
 from saga_tasks import (
     Condition,
     DefinitionError,
+    SignalReceived,
     at_least,
     equals,
     exists,
@@ -26,8 +31,15 @@ from saga_tasks import (
 )
 from saga_tasks.core.conditions import read
 from saga_tasks.core.definitions import SagaDefinition, saga, step
-from saga_tasks.core.states import IN_FLIGHT, MessageKind, Outcome, SagaStatus, StepStatus
-from saga_tasks.errors import ActionRefused
+from saga_tasks.core.states import (
+    IN_FLIGHT,
+    Classification,
+    MessageKind,
+    Outcome,
+    SagaStatus,
+    StepStatus,
+)
+from saga_tasks.errors import ActionRefused, InvalidPayload
 from tests.unit.sagas import Driver, check
 
 VALUES = st.sampled_from(["a", "b", 1, 2, None])
@@ -393,3 +405,52 @@ def test_a_different_decision_is_no_duplicate_even_where_python_calls_it_equal()
     )
     with pytest.raises(ActionRefused):
         d.signal("inspect", {"decision": "rejected", "urgent": 1})
+
+
+def _inspection(data: Any) -> dict[str, Any]:
+    """A callable schema returning Python values JSON stores otherwise (a tuple)."""
+    return {"decision": data["decision"], "photos": tuple(data.get("photos", ()))}
+
+
+def _stored(d: Driver, name: str) -> None:
+    """The state as the shell reads it back: results are JSON, as persistence writes them."""
+    st_ = d.state.steps[name]
+    stored = st_.evolve(result=json.loads(json.dumps(st_.result)))
+    d.state = replace(d.state, steps={**d.state.steps, name: stored})
+
+
+def test_a_decision_is_stored_as_the_json_its_schema_validated_so_a_retry_is_a_duplicate():
+    defn = saga(
+        "return",
+        step("create", "r.create", compensation="r.cancel", queue="r.commands"),
+        human_step("inspect", schema=_inspection, timeout=100),
+    )
+    d = Driver(defn)
+    d.start()
+    d.succeed("create")
+    raw = {"decision": "accepted", "photos": ["p1", "p2"]}
+    d.apply(SignalReceived("inspect", defn.step("inspect").human.validate(raw), "ann", "ok"))
+    _stored(d, "inspect")
+    # The client retries (its first answer was lost): the same decision, validated again.
+    again = SignalReceived("inspect", defn.step("inspect").human.validate(raw), "ann", "ok")
+    assert d.apply(again).classification is Classification.DUPLICATE
+
+
+@pytest.mark.parametrize(
+    ("returned", "where"),
+    [
+        ({"at": datetime(2026, 1, 1, tzinfo=UTC)}, "at as a datetime"),
+        ({"amount": {"value": Decimal("1.10")}}, "amount.value as a Decimal"),
+        ({"tags": [{"a", "b"}]}, r"tags\[0\] as a set"),
+        ({"score": float("nan")}, "score as a float that is not finite"),
+    ],
+)
+def test_a_schema_that_returns_what_json_has_not_is_refused_saying_where(
+    returned: dict[str, Any], where: str
+) -> None:
+    # Stored, a datetime would read back as a string, a Decimal or a set not at all: the
+    # decision must be refused before anything is written, naming the member, not its value.
+    human = human_step("inspect", schema=lambda _: returned).human
+    assert human is not None
+    with pytest.raises(InvalidPayload, match=f"schema .* returned {where}.*must return JSON"):
+        human.validate({"decision": "accepted"})
