@@ -5,7 +5,9 @@ A condition is data, not code: the decider evaluates it the same way on every re
 ``describe`` prints it, and two versions of a definition compare it by value. Paths are
 dotted: ``payload.amount`` reads the payload, ``inspect.decision`` the result of step
 ``inspect``. A path that leads nowhere reads as None; a comparison of values that do not
-compare (a string with a number, anything with None) is false, never an error.
+compare (a string with a number, anything with None) is false, never an error. Values
+compare as the JSON they are stored as: a bool is no number (``equals(path, 1)`` does not
+hold for true), ``1`` equals ``1.0``, and only two numbers or two strings are ordered.
 
     step("refund", refund_task, when=equals("inspect.decision", "accepted"))
     step("expedite", ..., when=at_least("payload.amount", 100) & ~exists("payload.coupon"))
@@ -18,6 +20,8 @@ import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from saga_tasks.core.documents import is_number, json_key, same_json
 
 __all__ = [
     "Condition",
@@ -76,20 +80,18 @@ def read(path: str, payload: Mapping[str, Any], results: Mapping[str, Any]) -> A
     return None if value is _MISSING else value
 
 
-_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
-    "==": operator.eq,
-    "!=": operator.ne,
+_ORDERS: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
     ">": operator.gt,
     ">=": operator.ge,
-    "in": lambda value, options: value in options,
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Compare(Condition):
-    """``path op value``; ``exists`` has no value."""
+    """``path op value``; ``exists`` has no value. Two compare equal when their values are
+    one JSON value (``equals(p, 1)`` is not ``equals(p, True)``): versions compare by it."""
 
     path: str
     op: str
@@ -99,15 +101,30 @@ class Compare(Condition):
         found = read(self.path, payload, results)
         if self.op == "exists":
             return found is not None
-        if found is None and self.op not in ("==", "!="):
-            return False
-        try:
-            return bool(_OPERATORS[self.op](found, self.value))
-        except TypeError:
-            return False
+        if self.op == "==":
+            return same_json(found, self.value)
+        if self.op == "!=":
+            return not same_json(found, self.value)
+        if self.op == "in":
+            return any(same_json(found, option) for option in self.value)
+        ordered = (is_number(found) and is_number(self.value)) or (
+            isinstance(found, str) and isinstance(self.value, str)
+        )
+        return ordered and _ORDERS[self.op](found, self.value)
 
     def paths(self) -> frozenset[str]:
         return frozenset({self.path})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Compare):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.path, self.op, json_key(self.value))
 
     def __str__(self) -> str:
         if self.op == "exists":
@@ -190,20 +207,29 @@ def not_equals(path: str, value: Any) -> Condition:
     return Compare(_path(path), "!=", _scalar(value))
 
 
-def greater(path: str, value: float) -> Condition:
-    return Compare(_path(path), ">", _scalar(value))
+def _ordered(value: Any) -> Any:
+    if not (is_number(value) or isinstance(value, str)):
+        raise ValueError(
+            f"an ordering compares with a number or a string, not {type(value).__name__}: "
+            "JSON orders nothing else"
+        )
+    return value
 
 
-def at_least(path: str, value: float) -> Condition:
-    return Compare(_path(path), ">=", _scalar(value))
+def greater(path: str, value: float | str) -> Condition:
+    return Compare(_path(path), ">", _ordered(value))
 
 
-def less(path: str, value: float) -> Condition:
-    return Compare(_path(path), "<", _scalar(value))
+def at_least(path: str, value: float | str) -> Condition:
+    return Compare(_path(path), ">=", _ordered(value))
 
 
-def at_most(path: str, value: float) -> Condition:
-    return Compare(_path(path), "<=", _scalar(value))
+def less(path: str, value: float | str) -> Condition:
+    return Compare(_path(path), "<", _ordered(value))
+
+
+def at_most(path: str, value: float | str) -> Condition:
+    return Compare(_path(path), "<=", _ordered(value))
 
 
 def one_of(path: str, values: Iterable[Any]) -> Condition:

@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from saga_tasks.core.conditions import PAYLOAD, Condition
+from saga_tasks.core.documents import NotJson, json_document
 from saga_tasks.errors import (
     CrossParticipantCompensation,
     DefinitionError,
@@ -108,17 +109,19 @@ class HumanTask:
     on_timeout: HumanTimeoutPolicy = HumanTimeoutPolicy.COMPENSATE
 
     def validate(self, data: Any) -> dict[str, Any]:
-        """The signal's data as stored, or ``InvalidPayload`` naming each problem."""
+        """The signal's data as stored (a JSON document: a repeated decision is compared
+        with what was stored), or ``InvalidPayload`` naming each problem."""
         if self.schema is None:
             if not isinstance(data, Mapping):
                 raise InvalidPayload("signal data must be a JSON object")
-            return dict(data)
+            return _stored("signal data", data, "the data")
         try:
-            return dict(self.schema(data))
+            valid = self.schema(data)
         except InvalidPayload:
             raise
         except (ValueError, TypeError) as exc:
             raise InvalidPayload(f"signal data: {_describe_validation(exc)}") from exc
+        return _stored("signal data", valid, f"the step's schema ({self.schema_name})")
 
 
 @dataclass(frozen=True)
@@ -382,18 +385,27 @@ class SagaDefinition:
         """Every step that depends on ``name``, directly or through others."""
         return self._descendants[name]
 
+    def read_by(self, name: str) -> tuple[Step, ...]:
+        """The steps whose condition reads the result of step ``name``."""
+        return tuple(
+            s
+            for s in self.steps
+            if s.when is not None and any(p.split(".")[0] == name for p in s.when.paths())
+        )
+
     def validate_payload(self, payload: Any) -> dict[str, Any]:
         """Return the payload as stored, or raise ``InvalidPayload`` with every problem named."""
         if self.payload_validator is None:
             if not isinstance(payload, Mapping):
                 raise InvalidPayload(f"{self.saga_type}: payload must be a JSON object")
-            return dict(payload)
+            return _stored(self.saga_type, payload, "the payload")
         try:
-            return dict(self.payload_validator(payload))
+            valid = self.payload_validator(payload)
         except InvalidPayload:
             raise
         except (ValueError, TypeError) as exc:
             raise InvalidPayload(f"{self.saga_type}: {_describe_validation(exc)}") from exc
+        return _stored(self.saga_type, valid, "the payload validator")
 
 
 def saga(
@@ -456,6 +468,23 @@ def _takes(spec: Mapping[str, Any]) -> str:
     if kind == "array" and isinstance(spec.get("items"), Mapping):
         return f"array of {_takes(spec['items'])}"
     return " | ".join(kind) if isinstance(kind, list) else str(kind)
+
+
+def _stored(what: str, value: Any, made_by: str) -> dict[str, Any]:
+    """``value`` as the JSON document stored, once: what is read back (and compared with a
+    repeated request) is then what was validated. A value with no one JSON form is
+    refused, naming where it is and what made it, not its content (it may be PII)."""
+    if not isinstance(value, Mapping):
+        raise InvalidPayload(f"{what}: {made_by} returned a {type(value).__name__}, not an object")
+    try:
+        return json_document(value)
+    except NotJson as exc:
+        raise InvalidPayload(
+            f"{what}: {made_by} returned {exc.where or 'the document'} as a {exc.kind}, "
+            "which is not a JSON value; it must return JSON values "
+            "(strings for dates and decimals, lists for sets), as a pydantic model's "
+            "model_dump(mode='json') does"
+        ) from None
 
 
 def _describe_validation(exc: Exception) -> str:

@@ -60,6 +60,9 @@ NO_SIGNAL = "no_signal"
 """``StepState.error`` of a human step whose deadline passed with no decision."""
 ESCALATED = "escalated"
 """``StepState.error`` of a human step still waiting after its escalation alert."""
+SKIPPED_BY = "skipped_by"
+"""The one key of the result of a step done by hand (``skip-step``): who did it. The step
+has no result of its own."""
 FENCING = "fencing"
 """``StepState.error`` of a step done by hand while its command was in flight: the
 compensation that fences that command (undoes it, or leaves a tombstone) is awaited."""
@@ -83,6 +86,8 @@ class StepState:
     requested_at: datetime | None = None
     deadline: datetime | None = None
     finished_at: datetime | None = None
+    """When the step settled. For a human step still waiting while its saga is in review:
+    when that wait stopped (``wait_stopped``)."""
     result: Mapping[str, Any] | None = None
     error: str | None = None
     given_up: bool = False
@@ -102,9 +107,33 @@ class StepState:
         return self.status in IN_FLIGHT or self.fencing
 
     @property
+    def by_hand(self) -> bool:
+        """Done by an operator (``skip-step``): its result names who, not what it did."""
+        return self.result is not None and SKIPPED_BY in self.result
+
+    @property
     def not_taken(self) -> bool:
         """Skipped because its condition did not hold: the branch was not taken."""
         return self.status is StepStatus.SKIPPED and self.error == NOT_TAKEN
+
+    @property
+    def awaits_signal(self) -> bool:
+        """A human step waiting for a person's decision: requested, with no command."""
+        return self.status is StepStatus.REQUESTED and self.command_id is None
+
+    def wait_stopped(self, now: datetime) -> StepState:
+        """The saga went to review, where no decision can be given: a person's wait stops,
+        so the time in review does not count against its deadline."""
+        if not self.awaits_signal or self.finished_at is not None:
+            return self
+        return self.evolve(finished_at=now)
+
+    def wait_resumed(self, now: datetime) -> StepState:
+        """The saga left review: a person's wait goes on, its deadline moved on by the time
+        the wait was stopped."""
+        if not self.awaits_signal or self.finished_at is None or self.deadline is None:
+            return self
+        return self.evolve(deadline=self.deadline + (now - self.finished_at), finished_at=None)
 
     @property
     def awaits_retry(self) -> bool:

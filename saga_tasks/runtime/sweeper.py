@@ -140,11 +140,11 @@ class Sweeper:
                 event = DeadlinePassed(backlog, sent.get(state.saga_id, {}))
                 decision = decide(definition, state, event, now)
             except UnknownDefinitionVersion as exc:
-                decision = self._cannot_decide(state, str(exc), report)
+                decision = self._cannot_decide(state, str(exc), report, now)
             except Exception as exc:  # a bug must not stall every other saga's timeouts
                 log.exception("the decider failed", extra={"saga_id": state.saga_id})
                 decision = self._cannot_decide(
-                    state, f"the decider failed at a deadline ({type(exc).__name__})", report
+                    state, f"the decider failed at a deadline ({type(exc).__name__})", report, now
                 )
             else:
                 wake = decision.state.next_wake_at()
@@ -153,11 +153,14 @@ class Sweeper:
                         state,
                         f"a deadline passed ({wake.isoformat()}) and nothing was due for it",
                         report,
+                        now,
                     )
             done.append((state, definition, decision))
         return done
 
-    def _cannot_decide(self, state: SagaState, reason: str, report: SweepReport) -> Decision:
+    def _cannot_decide(
+        self, state: SagaState, reason: str, report: SweepReport, now: datetime
+    ) -> Decision:
         report.errors += 1
         metrics.SWEEP_HANDED_OVER.inc()
         log.error(
@@ -167,7 +170,7 @@ class Sweeper:
                 state, None, status_before=state.status, status_after=SagaStatus.MANUAL_REVIEW
             ),
         )
-        return hand_over(state, reason)
+        return hand_over(state, reason, now=now)
 
     def _write_swept(
         self,

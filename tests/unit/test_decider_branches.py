@@ -7,6 +7,10 @@ once the pivot succeeded nothing is compensated, whatever answers or silence fol
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -16,16 +20,26 @@ from hypothesis import strategies as st
 from saga_tasks import (
     Condition,
     DefinitionError,
+    SignalReceived,
     at_least,
     equals,
     exists,
     human_step,
+    less,
+    not_equals,
     one_of,
 )
 from saga_tasks.core.conditions import read
 from saga_tasks.core.definitions import SagaDefinition, saga, step
-from saga_tasks.core.states import IN_FLIGHT, MessageKind, Outcome, SagaStatus, StepStatus
-from saga_tasks.errors import ActionRefused
+from saga_tasks.core.states import (
+    IN_FLIGHT,
+    Classification,
+    MessageKind,
+    Outcome,
+    SagaStatus,
+    StepStatus,
+)
+from saga_tasks.errors import ActionRefused, InvalidPayload
 from tests.unit.sagas import Driver, check
 
 VALUES = st.sampled_from(["a", "b", 1, 2, None])
@@ -342,3 +356,101 @@ def test_reading_a_path_never_raises(data: Any, path: list[str]) -> None:
         assert c.holds({}, results) is (
             value == 1 if c.op == "==" else value == 1 or (isinstance(value, int) and value >= 1)
         )
+
+
+@pytest.mark.parametrize(
+    ("condition", "found", "holds"),
+    [
+        (equals("payload.v", 1), True, False),
+        (equals("payload.v", 0), False, False),
+        (equals("payload.v", True), 1, False),
+        (equals("payload.v", 1), 1.0, True),
+        (equals("payload.v", True), True, True),
+        (not_equals("payload.v", 1), True, True),
+        (one_of("payload.v", [1, "a"]), True, False),
+        (one_of("payload.v", [0]), False, False),
+        (one_of("payload.v", [True]), True, True),
+        (at_least("payload.v", 1), True, False),
+        (less("payload.v", 1), False, False),
+        (at_least("payload.v", 1), 1.5, True),
+        (at_least("payload.v", "2026-01-01"), "2026-02-01", True),
+    ],
+)
+def test_conditions_compare_as_json_a_bool_is_no_number(
+    condition: Condition, found: Any, holds: bool
+) -> None:
+    # Python's True == 1 (and False == 0, True >= 1) is not JSON's: a decision stored as
+    # true must not take the branch of the number 1.
+    assert condition.holds({"v": found}, {}) is holds
+
+
+def test_two_conditions_are_one_only_when_their_values_are_one_json_value() -> None:
+    # Versions compare conditions by value: moving a saga from `== 1` to `== true` changes
+    # which branch it takes, so the two must differ.
+    assert equals("payload.v", 1) != equals("payload.v", True)
+    assert one_of("payload.v", [0]) != one_of("payload.v", [False])
+    assert equals("payload.v", 1) == equals("payload.v", 1.0)
+    assert hash(equals("payload.v", 1)) == hash(equals("payload.v", 1.0))
+    with pytest.raises(ValueError, match="number or a string"):
+        at_least("payload.v", True)
+
+
+def test_a_different_decision_is_no_duplicate_even_where_python_calls_it_equal() -> None:
+    d = Driver(_returns_like())
+    d.start()
+    d.succeed("create")
+    d.signal("inspect", {"decision": "rejected", "urgent": True})
+    assert d.signal("inspect", {"decision": "rejected", "urgent": True}).classification.value == (
+        "duplicate"
+    )
+    with pytest.raises(ActionRefused):
+        d.signal("inspect", {"decision": "rejected", "urgent": 1})
+
+
+def _inspection(data: Any) -> dict[str, Any]:
+    """A callable schema returning Python values JSON stores otherwise (a tuple)."""
+    return {"decision": data["decision"], "photos": tuple(data.get("photos", ()))}
+
+
+def _stored(d: Driver, name: str) -> None:
+    """The state as the shell reads it back: results are JSON, as persistence writes them."""
+    st_ = d.state.steps[name]
+    stored = st_.evolve(result=json.loads(json.dumps(st_.result)))
+    d.state = replace(d.state, steps={**d.state.steps, name: stored})
+
+
+def test_a_decision_is_stored_as_the_json_its_schema_validated_so_a_retry_is_a_duplicate():
+    defn = saga(
+        "return",
+        step("create", "r.create", compensation="r.cancel", queue="r.commands"),
+        human_step("inspect", schema=_inspection, timeout=100),
+    )
+    d = Driver(defn)
+    d.start()
+    d.succeed("create")
+    raw = {"decision": "accepted", "photos": ["p1", "p2"]}
+    d.apply(SignalReceived("inspect", defn.step("inspect").human.validate(raw), "ann", "ok"))
+    _stored(d, "inspect")
+    # The client retries (its first answer was lost): the same decision, validated again.
+    again = SignalReceived("inspect", defn.step("inspect").human.validate(raw), "ann", "ok")
+    assert d.apply(again).classification is Classification.DUPLICATE
+
+
+@pytest.mark.parametrize(
+    ("returned", "where"),
+    [
+        ({"at": datetime(2026, 1, 1, tzinfo=UTC)}, "at as a datetime"),
+        ({"amount": {"value": Decimal("1.10")}}, "amount.value as a Decimal"),
+        ({"tags": [{"a", "b"}]}, r"tags\[0\] as a set"),
+        ({"score": float("nan")}, "score as a float that is not finite"),
+    ],
+)
+def test_a_schema_that_returns_what_json_has_not_is_refused_saying_where(
+    returned: dict[str, Any], where: str
+) -> None:
+    # Stored, a datetime would read back as a string, a Decimal or a set not at all: the
+    # decision must be refused before anything is written, naming the member, not its value.
+    human = human_step("inspect", schema=lambda _: returned).human
+    assert human is not None
+    with pytest.raises(InvalidPayload, match=f"schema .* returned {where}.*must return JSON"):
+        human.validate({"decision": "accepted"})

@@ -4,12 +4,15 @@ branch not taken sent anyway, a pivot that succeeded after compensation began)."
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from saga_tasks.core.conditions import equals
-from saga_tasks.core.decider import replay_awaits
+from saga_tasks.core.decider import hand_over, replay_awaits
+from saga_tasks.core.decider.commands import fence_id
 from saga_tasks.core.definitions import SagaDefinition, human_step, saga, step
 from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction, OperatorVerb
 from saga_tasks.core.model import SagaState
@@ -165,6 +168,44 @@ def test_a_sweep_that_calls_a_reviewer_for_a_human_step_sends_no_retry_with_it()
     act(d, OperatorVerb.RETRY_STEP, "h")
     d.tick(1)
     assert d.state.steps["a"].status is StepStatus.REQUESTED
+
+
+def test_a_sweep_that_a_spent_fence_sends_to_review_sends_no_retry_with_it():
+    # After the pivot, b was done by hand (its command fenced, one attempt) and a failed
+    # (it awaits its retry); both fall due in one sweep. The fence without an answer calls
+    # a person: the retry must wait for them too, not go out with a saga in review.
+    defn = saga(
+        "both_due",
+        step("pv", "p.pv", queue="q", pivot=True),
+        step("a", "p.a", compensation="p.ua", queue="q", depends_on=["pv"], timeout=50, retry=3),
+        step("b", "p.b", compensation="p.ub", queue="q", depends_on=["pv"], timeout=50,
+             compensation_retry=1),
+    )  # fmt: skip
+    d = Driver(defn)
+    d.start()
+    d.succeed("pv")
+    check(defn, d.state, act(d, OperatorVerb.SKIP_STEP, "b"), operator=True)
+    assert d.state.steps["b"].fencing
+    d.fail("a")
+    assert d.state.steps["a"].awaits_retry
+    before = d.state
+    decision = d.tick(400)
+    check(defn, before, decision)
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert d.state.steps["b"].error == "fence_failed"
+    assert not decision.commands
+    assert d.state.steps["a"].awaits_retry, "the retry waits for the person"
+    # The person replays the held fence: the saga resumes, and the retry follows.
+    cid = fence_id(d.state, "b", d.state.steps["b"])
+    before = d.state
+    resumed = act(d, OperatorVerb.REPLAY, "b", message_kind=MessageKind.COMPENSATION,
+                  command_id=cid)  # fmt: skip
+    check(defn, before, resumed, operator=True)
+    assert d.state.status is SagaStatus.RUNNING
+    before = d.state
+    decision = d.tick(1)
+    check(defn, before, decision)
+    assert [(c.step, c.kind) for c in decision.commands] == [("a", MessageKind.COMMAND)]
 
 
 def test_an_operator_retry_of_a_ready_step_whose_condition_does_not_hold_sends_nothing():
@@ -385,3 +426,118 @@ def test_a_human_step_cannot_be_skipped_its_decision_would_be_missing() -> None:
     assert d.state.steps["inspect"].status is StepStatus.REQUESTED
     with pytest.raises(ActionRefused, match="signal"):
         act(d, OperatorVerb.SKIP_STEP, "inspect")
+
+
+def _branch_on_a_step() -> SagaDefinition:
+    """An ordinary step's result chooses the branch: inspect -> (refund | send_back)."""
+    return saga(
+        "branch_on_step",
+        step("inspect", "w.inspect", compensation="w.uninspect", queue="w.commands",
+             on_dead_letter="manual_review"),
+        step("refund", "p.refund", compensation="p.void", queue="p.commands",
+             when=equals("inspect.decision", "accepted")),
+        step("send_back", "w.send_back", compensation="w.recall", queue="w.commands",
+             when=equals("inspect.decision", "rejected"), depends_on=["inspect"]),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("in_review", [False, True])
+def test_a_step_a_condition_reads_cannot_be_done_by_hand(in_review: bool) -> None:
+    # Done by hand, inspect's result would be {"skipped_by": ...}: both conditions read
+    # null, neither branch is taken, and the return completes neither refunded nor sent
+    # back. Refused, saying what to do instead; nothing is written.
+    defn = _branch_on_a_step()
+    d = Driver(defn)
+    d.start()
+    if in_review:  # its command was dead-lettered: a person is to decide what next
+        cid = d.state.steps["inspect"].command_id
+        d.apply(DeadLettered(MessageKind.COMMAND, "inspect", cid, "m-dead", "rejected", 1))
+        assert d.state.status is SagaStatus.MANUAL_REVIEW
+    before = d.state
+    with pytest.raises(ActionRefused, match=r"condition of step 'refund'.*retry it"):
+        act(d, OperatorVerb.SKIP_STEP, "inspect")
+    assert d.state == before
+    # The answer it waits for decides the branch, as it should.
+    if not in_review:
+        d.apply(d.reply("inspect", result={"decision": "rejected"}))
+        assert d.state.steps["refund"].not_taken
+        assert d.state.steps["send_back"].status is StepStatus.REQUESTED
+
+
+def test_a_step_no_pending_condition_reads_can_still_be_done_by_hand() -> None:
+    defn = _branch_on_a_step()
+    d = Driver(defn)
+    d.start()
+    d.apply(d.reply("inspect", result={"decision": "accepted"}))
+    before = d.state
+    decision = act(d, OperatorVerb.SKIP_STEP, "refund")
+    check(defn, before, decision, operator=True)
+    fence = next(c for c in decision.commands if c.kind is MessageKind.COMPENSATION)
+    d.apply(d.reply("refund", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
+    assert d.state.status is SagaStatus.COMPLETED
+
+
+def _person_beside_a_step() -> SagaDefinition:
+    """A person decides h while c runs beside it; c's dead letter calls a reviewer."""
+    return saga(
+        "beside_person",
+        step("c", "p.c", compensation="p.uc", queue="q", depends_on=[], timeout=1000,
+             on_dead_letter="manual_review"),
+        human_step("h", timeout=100, escalate_after=40, depends_on=[]),
+        step("after", "p.after", compensation="p.uafter", queue="q", depends_on=["c", "h"]),
+        timeout=100_000,
+    )  # fmt: skip
+
+
+def test_time_in_review_does_not_count_against_a_person():
+    # h waits 30 s, then c's command is dead-lettered and the saga waits 500 s in review,
+    # where no decision can be given. Resumed, h still has 70 s: the next sweep neither
+    # escalates nor fails it (before: it failed at once with no_signal and compensated).
+    defn = _person_beside_a_step()
+    d = Driver(defn)
+    d.start()
+    wake, asked = d.state.steps["h"].deadline, d.state.steps["h"].requested_at
+    assert wake is not None and asked is not None
+    d.now += timedelta(seconds=30)
+    cid = d.state.steps["c"].command_id
+    d.apply(DeadLettered(MessageKind.COMMAND, "c", cid, "m-dead", "rejected", 1))
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    stopped = d.now
+    with pytest.raises(ActionRefused):
+        d.signal("h", {"ok": True})
+    d.now += timedelta(seconds=500)
+    before = d.state
+    resumed = act(d, OperatorVerb.REPLAY, "c", message_kind=MessageKind.COMMAND, command_id=cid)
+    check(defn, before, resumed, operator=True)
+    assert d.state.status is SagaStatus.RUNNING
+    resumed_at, h = d.now, d.state.steps["h"]
+    before = d.state
+    decision = d.tick(1)
+    check(defn, before, decision)
+    assert d.state.status is SagaStatus.RUNNING
+    assert d.state.steps["h"].status is StepStatus.REQUESTED
+    assert d.state.steps["h"].error is None, "not escalated: 31 s of 40 have passed"
+    assert h.deadline == wake + (resumed_at - stopped), "moved on by the time in review"
+    assert h.requested_at == asked and h.finished_at is None
+    # Escalated at 40 s of waiting outside review, failed at 100 s.
+    d.lapse()
+    assert d.state.steps["h"].error == "escalated"
+    assert d.state.steps["h"].deadline == h.deadline + timedelta(seconds=60)
+    d.signal("h", {"ok": True})
+    assert d.state.steps["h"].status is StepStatus.SUCCEEDED
+
+
+def test_a_saga_the_sweeper_hands_over_stops_a_persons_wait_too():
+    defn = _person_beside_a_step()
+    d = Driver(defn)
+    d.start()
+    d.now += timedelta(seconds=10)
+    decision = hand_over(d.state, "the decider failed at a deadline (KeyError)", now=d.now)
+    assert decision.state.steps["h"].finished_at == d.now
+    assert [h.event for h in decision.history] == ["manual_review", "signal_wait_stopped"]
+    d.state = decision.state
+    d.now += timedelta(seconds=300)
+    act(d, OperatorVerb.RETRY_STEP, "c")  # the same command again: the saga resumes
+    assert d.state.steps["h"].deadline == d.state.steps["h"].requested_at + timedelta(
+        seconds=40 + 300 + 0.01
+    )

@@ -20,6 +20,7 @@ from saga_tasks import equals, human_step
 from saga_tasks.core.decider import migrate
 from saga_tasks.core.decider.migrate import MIGRATED
 from saga_tasks.core.definitions import SagaDefinition, Step, saga, step
+from saga_tasks.core.events import OperatorAction, OperatorVerb
 from saga_tasks.core.model import SagaState, StepState
 from saga_tasks.core.states import (
     IN_FLIGHT,
@@ -264,6 +265,24 @@ def test_refusals_say_why():
         migrated(old, other, d.state)
     with pytest.raises(ActionRefused, match="needs an actor and a reason"):
         migrate(old, replace(old, version=2), d.state, actor=" ", reason="why", now=d.now)
+
+
+def test_a_new_condition_cannot_read_a_step_done_by_hand():
+    """Done by hand, s0 has no result of its own: a branch on it would read null and be
+    passed over, as skip-step refuses for the steps a condition of the saga reads."""
+    old = linear(2)
+    d = Driver(old)
+    d.start()
+    d.apply(OperatorAction(OperatorVerb.SKIP_STEP, actor="ana", reason="by hand", step="s0"))
+    assert d.state.steps["s0"].result == {"skipped_by": "ana"}
+    branch = step("gift", "p.gift", queue="p.commands", depends_on=["s0"],
+                  when=equals("s0.v", "a"))  # fmt: skip
+    new = saga("linear", *old.steps, branch, version=2, timeout=600)
+    with pytest.raises(ActionRefused, match=r"condition of step 'gift' .* reads step 's0', "
+                       "which was done by hand"):  # fmt: skip
+        migrated(old, new, d.state)
+    plain = saga("linear", *old.steps, replace(branch, when=None), version=2, timeout=600)
+    assert migrated(old, plain, d.state).state.steps["gift"].status is StepStatus.REQUESTED
 
 
 def test_a_payload_the_new_version_refuses_refuses_the_migration():

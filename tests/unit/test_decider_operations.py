@@ -315,7 +315,7 @@ def test_skipping_a_step_in_flight_without_compensation_is_refused():
 def test_hand_over_moves_a_saga_to_review_with_the_reason():
     d = Driver(linear(1))
     d.start()
-    decision = hand_over(d.state, "saga type 'linear' version 9 is not loaded")
+    decision = hand_over(d.state, "saga type 'linear' version 9 is not loaded", now=d.now)
     assert decision.state.status is SagaStatus.MANUAL_REVIEW
     assert decision.state.version == d.state.version + 1
     assert decision.state.next_wake_at() is None

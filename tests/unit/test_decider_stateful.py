@@ -223,7 +223,9 @@ class SagaWorld(RuleBasedStateMachine):
                 self.handed_over.append(
                     f"left due after a sweep ({decision.state.status}: {steps})"
                 )
-                decision = hand_over(before, "a deadline passed and nothing was due for it")
+                decision = hand_over(
+                    before, "a deadline passed and nothing was due for it", now=now
+                )
             self.driver.decisions.append(decision)
             self.driver.state = decision.state
             self._decide(before, decision)

@@ -72,7 +72,7 @@ from saga_tasks.core.decider.replay import replay_awaits
 from saga_tasks.core.decider.replies import on_reply
 from saga_tasks.core.decider.signals import on_signal
 from saga_tasks.core.decider.start import on_started
-from saga_tasks.core.decider.transitions import Transition
+from saga_tasks.core.decider.transitions import REVIEW_STOPS_WAIT, Transition
 from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.events import (
     DeadLettered,
@@ -122,17 +122,28 @@ def decide(definition: SagaDefinition, state: SagaState, event: Event, now: date
     return tx.decision()
 
 
-def hand_over(state: SagaState, reason: str) -> Decision:
+def hand_over(state: SagaState, reason: str, *, now: datetime) -> Decision:
     """A saga the shell could not decide (its definition is not loaded, the decider
     failed, or it found nothing to do at a deadline that passed) goes to a person with
-    the reason, so it is never picked up again and again."""
-    after = replace(
-        state, status=SagaStatus.MANUAL_REVIEW, reason=reason, version=state.version + 1
-    )
-    entry = HistoryEntry(
-        event="manual_review",
-        saga_status_before=state.status,
-        saga_status_after=SagaStatus.MANUAL_REVIEW,
-        reason=reason,
-    )
-    return Decision(after, (), (entry,), Classification.ACCEPTED, changed=True)
+    the reason, so it is never picked up again and again. A person's wait stops there,
+    as in any review."""
+    review = SagaStatus.MANUAL_REVIEW
+    entries = [HistoryEntry("manual_review", state.status, review, reason=reason)]
+    steps = dict(state.steps)
+    for name, st in state.steps.items():
+        stopped = st if state.status is review else st.wait_stopped(now)
+        if stopped != st:
+            steps[name] = stopped
+            entries.append(
+                HistoryEntry(
+                    "signal_wait_stopped",
+                    state.status,
+                    review,
+                    name,
+                    st.status,
+                    st.status,
+                    reason=REVIEW_STOPS_WAIT,
+                )
+            )
+    after = replace(state, status=review, reason=reason, steps=steps, version=state.version + 1)
+    return Decision(after, (), tuple(entries), Classification.ACCEPTED, changed=True)

@@ -9,7 +9,7 @@ whose compensation names the ids of the earlier ones as superseded.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -17,7 +17,7 @@ from saga_tasks.core.decider.decision import CommandIntent
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import Step
 from saga_tasks.core.messages import MAX_GENERATIONS
-from saga_tasks.core.model import SagaState, StepState, command_id, message_id
+from saga_tasks.core.model import ESCALATED, SagaState, StepState, command_id, message_id
 from saga_tasks.core.states import MessageKind, StepStatus
 from saga_tasks.errors import ActionRefused
 
@@ -121,6 +121,7 @@ def _await_signal(tx: Transition, s: Step, st: StepState, reason: str | None) ->
             attempt=st.attempt + 1,
             requested_at=tx.now,
             deadline=wake,
+            finished_at=None,
             error=None,
             given_up=False,
         ),
@@ -130,6 +131,17 @@ def _await_signal(tx: Transition, s: Step, st: StepState, reason: str | None) ->
         if wake != final
         else {"decide_by": final.isoformat()},
     )
+
+
+def decide_by(s: Step, st: StepState) -> datetime:
+    """When a waiting human step's decision is due: its deadline once escalated (or with no
+    escalation); before that, the escalation plus what the step's timeout leaves after it.
+    It follows the deadline, not ``requested_at``: time in review moves the deadline on."""
+    assert s.human is not None and st.deadline is not None
+    escalate = s.human.escalate_after
+    if st.error == ESCALATED or escalate is None or escalate >= s.timeout:
+        return st.deadline
+    return st.deadline + (s.timeout - escalate)
 
 
 def attempt_wait(s: Step, what: Send, attempt: int, cid: str) -> timedelta:

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from saga_tasks.core.decider.commands import Send, current_wait, send
+from saga_tasks.core.decider.commands import Send, current_wait, decide_by, send
 from saga_tasks.core.decider.progress import (
     advance,
     after_pivot,
@@ -65,15 +65,18 @@ def on_deadline(
     if tx.status not in ACTIVE_SAGA:
         return
     _go_forward_past_deadline(tx)
-    # A person's deadline first: a saga it sends to review (or to compensation) sends
-    # no retry forward with it.
+    # What calls a person comes first, before anything is sent: a decision that ends in
+    # review (or turns to compensation) sends nothing forward with it. Several deadlines
+    # fall due in one sweep whenever the sweeper is late or an answer is.
     _human_deadlines(tx)
-    _retry_failed(tx)
     if tx.status not in ACTIVE_SAGA:
         return
     due = _find_due(tx, backlog or {}, dispatch or {})
+    if not _chase_fences(tx, due.fences):
+        return
+    _retry_failed(tx)
     _explain_silence(tx, due)
-    if not _chase_fences(tx, due.fences) or not due.anything:
+    if not due.anything:
         return
     _send_again(tx, due)
     _give_up_spent(tx, due)
@@ -255,7 +258,7 @@ def _human_deadlines(tx: Transition) -> None:
             continue
         if st.deadline is None or st.deadline > tx.now:
             continue
-        final = (st.requested_at or tx.now) + s.timeout
+        final = decide_by(s, st)
         if st.error != ESCALATED and tx.now < final:
             tx.set_step(
                 s.name,
@@ -330,13 +333,11 @@ def _explain_silence(tx: Transition, due: _Due) -> None:
 
 
 def _chase_fences(tx: Transition, fences: list[Step]) -> bool:
-    """Send again each fence with attempts left; the first without any puts the saga in
-    MANUAL_REVIEW, and then nothing more is done (False)."""
+    """The first fence whose attempts are spent puts the saga in MANUAL_REVIEW, and then
+    nothing is sent (False); otherwise each is sent again."""
     for s in fences:
         st = tx.steps[s.name]
         if st.compensation_attempt < s.compensation_retry.max_attempts:
-            reason = f"attempt {st.compensation_attempt} had no answer"
-            send(tx, s, st, Send.FENCE, reason=reason)
             continue
         tx.set_step(
             s.name,
@@ -349,6 +350,9 @@ def _chase_fences(tx: Transition, fences: list[Step]) -> bool:
             "flight had no answer: its effect may be doubled"
         )
         return False
+    for s in fences:
+        st = tx.steps[s.name]
+        send(tx, s, st, Send.FENCE, reason=f"attempt {st.compensation_attempt} had no answer")
     return True
 
 

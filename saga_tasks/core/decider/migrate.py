@@ -60,10 +60,7 @@ def migrate(
             f"{state.saga_id} ({state.saga_type} v{state.definition_version})"
         )
     _refuse_unless_compatible(old, new, state, actor, reason)
-    begun = state.status is SagaStatus.COMPENSATING or any(
-        st.status in _COMPENSATION_BEGUN and not st.not_taken for st in state.steps.values()
-    )
-    fresh = StepState(status=StepStatus.SKIPPED if begun else StepStatus.PENDING)
+    fresh = _fresh(state)
     steps = {s.name: state.steps.get(s.name, fresh) for s in new.steps}
     added = [s.name for s in new.steps if s.name not in state.steps]
     dropped = [name for name in state.steps if name not in new.by_name]
@@ -84,6 +81,15 @@ def migrate(
     if tx.status is SagaStatus.RUNNING:
         advance(tx, trigger=said)
     return tx.decision()
+
+
+def _fresh(state: SagaState) -> StepState:
+    """What a step the saga has not reached starts as: PENDING, or SKIPPED once
+    compensation has begun."""
+    begun = state.status is SagaStatus.COMPENSATING or any(
+        st.status in _COMPENSATION_BEGUN and not st.not_taken for st in state.steps.values()
+    )
+    return StepState(status=StepStatus.SKIPPED if begun else StepStatus.PENDING)
 
 
 def _refuse_unless_compatible(
@@ -114,6 +120,18 @@ def _refuse_unless_compatible(
             raise ActionRefused(
                 f"{target}: step {s.name!r} is {st.status.value} and differs there "
                 f"({differences(s, there)})"
+            )
+    fresh = _fresh(state)
+    for s in new.steps:
+        if s.when is None or state.steps.get(s.name, fresh).status is not StepStatus.PENDING:
+            continue
+        by_hand = sorted(n for n in new.by_name if n in state.steps and state.steps[n].by_hand)
+        read = [n for n in by_hand if s in new.read_by(n)]
+        if read:
+            # Its condition would read null: no branch it chooses between would be taken.
+            raise ActionRefused(
+                f"{target}: the condition of step {s.name!r} ({s.when}) reads step "
+                f"{read[0]!r}, which was done by hand and has no result of its own"
             )
     try:
         new.validate_payload(state.payload)

@@ -29,7 +29,7 @@ from saga_tasks.core.decider.replay import replay_awaits
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import Step
 from saga_tasks.core.events import OperatorAction, OperatorVerb
-from saga_tasks.core.model import FENCING, LATE_FAILURE, LATE_SUCCESS, StepState
+from saga_tasks.core.model import FENCING, LATE_FAILURE, LATE_SUCCESS, SKIPPED_BY, StepState
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
 
@@ -145,6 +145,7 @@ def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> 
         )
     if st.status is StepStatus.PENDING and not _parents_succeeded(tx, s):
         raise ActionRefused(f"step {s.name!r} waits for steps that have not succeeded")
+    _refuse_if_read_by_a_condition(tx, s)
     # A command that was sent may still run: unless it is known to have changed
     # nothing, it is fenced (undone if it ran, refused by a tombstone if not).
     # (A step that failed after the pivot answered: its command changed nothing.)
@@ -162,7 +163,7 @@ def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> 
         given_up=False,
         error=None,
         deadline=None,
-        result={"skipped_by": a.actor},
+        result={SKIPPED_BY: a.actor},
     )
     tx.set_step(
         s.name,
@@ -173,6 +174,23 @@ def _done_by_hand(tx: Transition, a: OperatorAction, s: Step, st: StepState) -> 
     if fence:
         send(tx, s, done.evolve(error=FENCING, compensation_attempt=0), Send.FENCE)
     advance(tx, trigger="")
+
+
+def _refuse_if_read_by_a_condition(tx: Transition, s: Step) -> None:
+    """Done by hand, a step has no result of its own (``skipped_by`` stands in): a
+    condition still to be decided on it would read null, and every branch it chooses
+    between would be passed over, the saga completing with none taken."""
+    waiting = [
+        r for r in tx.definition.read_by(s.name) if tx.steps[r.name].status is StepStatus.PENDING
+    ]
+    if waiting:
+        reader = waiting[0]
+        raise ActionRefused(
+            f"step {s.name!r} cannot be done by hand: the condition of step {reader.name!r} "
+            f"({reader.when}) reads its result, which a step done by hand does not have; "
+            "wait for its answer or retry it (its participant runs a command once), or "
+            "compensate or resolve the saga"
+        )
 
 
 def _compensate(tx: Transition, a: OperatorAction) -> None:

@@ -203,7 +203,7 @@ def begin_compensation(tx: Transition, reason: str, *, given_up_too: bool = Fals
             # A decision not yet made has no effect to undo: nobody waits for it any more.
             tx.set_step(
                 s.name,
-                st.evolve(status=StepStatus.SKIPPED, deadline=None, error=None),
+                st.evolve(status=StepStatus.SKIPPED, deadline=None, error=None, finished_at=None),
                 "signal_withdrawn",
                 reason="the saga compensates; the decision is no longer needed",
             )

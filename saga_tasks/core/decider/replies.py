@@ -46,7 +46,7 @@ def _forward_reply(tx: Transition, event: ReplyReceived) -> None:
         _earlier_command_reply(tx, event, st)
         return
     success = event.outcome is Outcome.SUCCESS
-    if "skipped_by" in (st.result or {}):
+    if st.by_hand:
         _late(
             tx,
             event,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from saga_tasks.core.decider.progress import advance
 from saga_tasks.core.decider.transitions import Transition
+from saga_tasks.core.documents import same_json
 from saga_tasks.core.events import SignalReceived
 from saga_tasks.core.states import ACTIVE_SAGA, FORWARD_SUCCEEDED, Classification, StepStatus
 from saga_tasks.errors import ActionRefused
@@ -26,7 +27,7 @@ def on_signal(tx: Transition, e: SignalReceived) -> None:
     st = tx.steps[e.step]
     # The decision taken stays the step's result after the saga moved on (a compensation
     # leaves a person's decision COMPENSATION_SKIPPED): the same one again is a duplicate.
-    if st.status in FORWARD_SUCCEEDED and dict(st.result or {}) == dict(e.data):
+    if st.status in FORWARD_SUCCEEDED and same_json(st.result or {}, e.data):
         tx.classification = Classification.DUPLICATE
         tx.note("duplicate_signal", step=e.step, reason=f"by {e.actor}: the same decision again")
         return

@@ -120,6 +120,7 @@ class Transition:
             stuck = ", ".join(f"{n} {st.status.value}" for n, st in self.steps.items())
             self.note("no_way_forward", reason=f"nothing is in flight ({stuck})")
             self.manual_review(f"the saga has no way forward: nothing is in flight ({stuck})")
+        self._stop_or_resume_waits()
         # History entries say the saga status before and after the whole decision,
         # so a reader sees each transition once, on the entry that made it.
         entries = tuple(_fix_status(h, self.before.status, self.status) for h in self.history)
@@ -135,6 +136,32 @@ class Transition:
             version=self.before.version + 1,
         )
         return Decision(state, tuple(self.commands), entries, self.classification, changed=True)
+
+    def _stop_or_resume_waits(self) -> None:
+        """Time in review does not count against a person: no decision can be given there.
+        A human step's wait stops when the saga goes to review and resumes, its deadline
+        moved on by as long, when the saga leaves it."""
+        into = self.status is SagaStatus.MANUAL_REVIEW
+        was = self.before.status is SagaStatus.MANUAL_REVIEW
+        if into == was or not (into or self.status in ACTIVE_SAGA):
+            return
+        for name, st in list(self.steps.items()):
+            if into:
+                new = st.wait_stopped(self.now)
+                event, reason = "signal_wait_stopped", REVIEW_STOPS_WAIT
+            else:
+                new = st.wait_resumed(self.now)
+                event, reason = "signal_wait_resumed", WAIT_RESUMED
+            if new != st:
+                due = {"next_look_at": new.deadline.isoformat()} if new.deadline else {}
+                self.set_step(name, new, event, reason=reason, detail=due)
+
+
+REVIEW_STOPS_WAIT = (
+    "the saga is in review, where no decision can be given: the wait stops, and its deadline "
+    "moves on by the time in review"
+)
+WAIT_RESUMED = "the saga left review: the wait goes on, its deadline moved on by the time in review"
 
 
 def _fix_status(entry: HistoryEntry, before: SagaStatus, after: SagaStatus) -> HistoryEntry:
