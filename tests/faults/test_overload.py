@@ -27,6 +27,7 @@ def count(app, event):
     return scalar(app.engine, "SELECT count(*) FROM saga.saga_history WHERE event = :e", e=event)
 
 
+@pytest.mark.timeout(300)  # the burst may take its 240 s, and stopping its workers more
 def test_a_burst_many_step_timeouts_long_ends_as_each_path_says(burst_app, workers):
     """Default flow control and retry policies; one worker per role, as a small
     deployment. The burst takes several step timeouts to work through: commands wait in
@@ -71,6 +72,7 @@ def test_a_burst_many_step_timeouts_long_ends_as_each_path_says(burst_app, worke
 
 
 @pytest.mark.demo_faults
+@pytest.mark.timeout(180)  # a 20 s step, awaited up to 60 s, on a machine that may be busy
 def test_a_slow_step_that_cannot_be_undone_completes_past_the_sagas_deadline(fast_app, workers):
     """confirm_order (no compensation, 0.9 s timeout) takes 20 s, beyond the saga's own
     18 s deadline: it is sent again until it answers and the saga completes; nothing is
