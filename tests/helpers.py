@@ -213,8 +213,14 @@ class Workers:
         )
 
     def stop_all(self) -> None:
-        for worker in self.started:
-            worker.stop(timeout=10)
+        try:
+            for worker in self.started:
+                worker.stop(timeout=10)
+        finally:
+            # Interrupted (a test's timeout fires while a worker stops): none is left behind.
+            for worker in self.started:
+                if worker.alive():
+                    worker.kill()
 
 
 def statuses(app) -> dict[str, int]:
