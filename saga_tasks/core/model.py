@@ -60,6 +60,9 @@ NO_SIGNAL = "no_signal"
 """``StepState.error`` of a human step whose deadline passed with no decision."""
 ESCALATED = "escalated"
 """``StepState.error`` of a human step still waiting after its escalation alert."""
+FENCE_FAILED = "fence_failed"
+"""``StepState.error`` of a step done by hand whose fence was refused, dead-lettered or never
+answered: the command then in flight may have taken effect too, so a person decides."""
 SKIPPED_BY = "skipped_by"
 """The one key of the result of a step done by hand (``skip-step``): who did it. The step
 has no result of its own."""
@@ -100,6 +103,12 @@ class StepState:
     def fencing(self) -> bool:
         """Done by hand while its command was in flight; the fence has not answered yet."""
         return self.status is StepStatus.SUCCEEDED and self.error == FENCING
+
+    @property
+    def unfenced(self) -> bool:
+        """Done by hand, and the fence of the command then in flight failed: its effect
+        may be doubled, so the saga cannot complete until a person settles it."""
+        return self.status is StepStatus.SUCCEEDED and self.error == FENCE_FAILED
 
     @property
     def in_flight(self) -> bool:

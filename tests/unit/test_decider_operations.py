@@ -18,7 +18,7 @@ from saga_tasks.core.events import DeadLettered, DeadlinePassed, OperatorAction,
 from saga_tasks.core.model import LATE_SUCCESS
 from saga_tasks.core.states import MessageKind, Outcome, SagaStatus, StepStatus
 from saga_tasks.errors import ActionRefused
-from tests.unit.sagas import Driver, linear
+from tests.unit.sagas import Driver, check, linear
 
 
 def act(d: Driver, verb: OperatorVerb, step_name: str | None = None, **kw: object):
@@ -274,6 +274,38 @@ def test_a_fence_refused_hands_the_saga_to_a_person():
     )
     assert d.state.status is SagaStatus.MANUAL_REVIEW
     assert "may be doubled" in (d.state.reason or "")
+
+
+def test_a_saga_whose_fence_failed_does_not_complete_behind_a_persons_back():
+    # a was done by hand; its fence was dead-lettered (the command may have run: its effect
+    # may be doubled) and the saga went to review for it. A replay of b's held command
+    # resumes the saga, and b answers: the saga must not complete as if a were settled.
+    defn = saga(
+        "fenced",
+        step("a", "p.a", compensation="p.ua", queue="p.commands", depends_on=[]),
+        step("b", "p.b", compensation="p.ub", queue="p.commands", depends_on=[],
+             on_dead_letter="manual_review"),
+    )  # fmt: skip
+    d = Driver(defn)
+    d.start()
+    b_cid = d.state.steps["b"].command_id
+    d.apply(DeadLettered(MessageKind.COMMAND, "b", b_cid, "m-b", "rejected", 1))
+    fence = next(c for c in act(d, OperatorVerb.SKIP_STEP, "a").commands if c.step == "a")
+    d.apply(DeadLettered(MessageKind.COMPENSATION, "a", fence.command_id, "m-f", "rejected", 2))
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    act(d, OperatorVerb.REPLAY, "b", message_kind=MessageKind.COMMAND, command_id=b_cid)
+    assert d.state.status is SagaStatus.RUNNING
+    before = d.state
+    decision = d.succeed("b")
+    check(defn, before, decision)
+    assert d.state.status is SagaStatus.MANUAL_REVIEW
+    assert "'a'" in (d.state.reason or "") and "fence" in (d.state.reason or "")
+    # Replaying the held fence awaits it again; once it answers, the saga completes.
+    act(d, OperatorVerb.REPLAY, "a", message_kind=MessageKind.COMPENSATION,
+        command_id=fence.command_id)  # fmt: skip
+    assert d.state.status is SagaStatus.RUNNING
+    d.apply(d.reply("a", kind=MessageKind.COMPENSATION, command_id=fence.command_id))
+    assert d.state.status is SagaStatus.COMPLETED
 
 
 def test_a_fence_is_sent_again_when_it_has_no_answer():

@@ -17,7 +17,7 @@ from saga_tasks.core.decider.progress import begin_compensation, compensate_read
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import DeadLetterPolicy, Step
 from saga_tasks.core.events import DeadLettered
-from saga_tasks.core.model import StepState
+from saga_tasks.core.model import FENCE_FAILED, StepState
 from saga_tasks.core.states import Classification, MessageKind, SagaStatus, StepStatus
 
 _Handler = Callable[[Transition, DeadLettered, Step, StepState, str], None]
@@ -109,7 +109,7 @@ def _dead_compensation(
 def _dead_fence(tx: Transition, e: DeadLettered, step: Step, st: StepState, reason: str) -> None:
     tx.set_step(
         step.name,
-        st.evolve(error="fence_failed", deadline=None, compensation_attempt=0),
+        st.evolve(error=FENCE_FAILED, deadline=None, compensation_attempt=0),
         "fence_failed",
         reason=reason,
     )

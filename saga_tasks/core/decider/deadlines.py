@@ -44,7 +44,7 @@ from saga_tasks.core.decider.progress import (
 )
 from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import HumanTimeoutPolicy, LateReplyPolicy, Step
-from saga_tasks.core.model import ESCALATED, NO_SIGNAL, SagaState, StepState
+from saga_tasks.core.model import ESCALATED, FENCE_FAILED, NO_SIGNAL, SagaState, StepState
 from saga_tasks.core.states import ACTIVE_SAGA, SagaStatus, StepStatus
 
 BACKLOG_PATIENCE = 10
@@ -341,7 +341,7 @@ def _chase_fences(tx: Transition, fences: list[Step]) -> bool:
             continue
         tx.set_step(
             s.name,
-            st.evolve(error="fence_failed", deadline=None, compensation_attempt=0),
+            st.evolve(error=FENCE_FAILED, deadline=None, compensation_attempt=0),
             "fence_failed",
             reason=f"{st.compensation_attempt} attempts had no answer",
         )

@@ -45,11 +45,19 @@ def advance(tx: Transition, trigger: str) -> None:
             begin_compensation(tx, trigger)
         else:
             dispatch_ready(tx)
+            unfenced = [n for n, st in tx.steps.items() if st.unfenced]
             if all(
                 (st.status is StepStatus.SUCCEEDED and not st.fencing) or st.not_taken
                 for st in tx.steps.values()
             ):
-                finish(tx, SagaStatus.COMPLETED, "saga_completed")
+                if unfenced:
+                    tx.manual_review(
+                        f"step {unfenced[0]!r} was done by hand and the fence of the command "
+                        "then in flight failed: its effect may be doubled; replay the fence, "
+                        "or undo the command by hand and resolve"
+                    )
+                else:
+                    finish(tx, SagaStatus.COMPLETED, "saga_completed")
             elif not any(st.pending for st in tx.steps.values()):
                 # Steps given up earlier (their outcome unknown) hold the rest back.
                 held = [n for n, st in tx.steps.items() if st.status is StepStatus.TIMED_OUT]

@@ -4,7 +4,7 @@ published again."""
 from __future__ import annotations
 
 from saga_tasks.core.decider.commands import fence_id
-from saga_tasks.core.model import LATE_FAILURE, LATE_SUCCESS, SagaState, StepState
+from saga_tasks.core.model import FENCE_FAILED, LATE_FAILURE, LATE_SUCCESS, SagaState, StepState
 from saga_tasks.core.states import TERMINAL_SAGA, MessageKind, SagaStatus, StepStatus
 
 _FORWARD_ONLY = (
@@ -60,6 +60,6 @@ def _compensation_awaits(state: SagaState, step: str, st: StepState, cid: str | 
     if cid == fence_id(state, step, st) and st.status is StepStatus.SUCCEEDED:
         if st.fencing:
             return "in flight"
-        if st.error == "fence_failed":
+        if st.error == FENCE_FAILED:
             return "a fence"
     return None

@@ -14,7 +14,7 @@ from saga_tasks.core.decider.transitions import Transition
 from saga_tasks.core.definitions import LateReplyPolicy
 from saga_tasks.core.events import ReplyReceived
 from saga_tasks.core.messages import MAX_GENERATIONS
-from saga_tasks.core.model import LATE_FAILURE, LATE_SUCCESS, StepState
+from saga_tasks.core.model import FENCE_FAILED, LATE_FAILURE, LATE_SUCCESS, StepState
 from saga_tasks.core.states import (
     FORWARD_SUCCEEDED,
     Classification,
@@ -202,7 +202,7 @@ def _earlier_compensation_reply(tx: Transition, event: ReplyReceived, st: StepSt
     elif (
         generation == st.generation - 1
         and st.status is StepStatus.SUCCEEDED
-        and (st.fencing or (success and st.error == "fence_failed"))
+        and (st.fencing or (success and st.error == FENCE_FAILED))
     ):
         _fence_answered(tx, event, st)
     elif success and st.status in (StepStatus.COMPENSATING, StepStatus.COMPENSATION_FAILED):
@@ -260,7 +260,7 @@ def _fence_answered(tx: Transition, event: ReplyReceived, st: StepState) -> None
     """The compensation sent to fence a command in flight when the step was done by hand."""
     name = event.step
     if event.outcome is Outcome.SUCCESS:
-        if st.error == "fence_failed":
+        if st.error == FENCE_FAILED:
             tx.classification = Classification.LATE  # given up, then answered
         tx.set_step(
             name,
@@ -274,7 +274,7 @@ def _fence_answered(tx: Transition, event: ReplyReceived, st: StepState) -> None
         return
     tx.set_step(
         name,
-        st.evolve(error="fence_failed", deadline=None, compensation_attempt=0),
+        st.evolve(error=FENCE_FAILED, deadline=None, compensation_attempt=0),
         "fence_failed",
         message_id=event.message_id,
         reason=_error_text(event),
