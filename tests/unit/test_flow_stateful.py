@@ -20,13 +20,12 @@ from hypothesis.stateful import initialize, invariant, rule
 
 from saga_tasks.core import capacity
 from saga_tasks.core.decider import CommandIntent
-from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.events import DeadlinePassed
 from saga_tasks.core.messages import H_STEP, OutboundMessage
 from saga_tasks.core.states import ACTIVE_SAGA, TERMINAL_SAGA
 from tests.unit.flow_model import DispatchTable
 from tests.unit.sagas import check
-from tests.unit.test_decider_stateful import IN_CI, SagaWorld, timed_definitions
+from tests.unit.test_decider_stateful import IN_CI, SagaWorld
 
 QUEUE = "p.commands"
 """The one queue of the world's steps."""
@@ -35,14 +34,14 @@ QUEUE = "p.commands"
 class FlowSagaWorld(SagaWorld):
     """One saga, its participants, the network, and flow control at their queue."""
 
-    @initialize(defn=timed_definitions(), data=st.data(), limit=st.sampled_from([0, 1, 2]))
-    def begin(self, defn: SagaDefinition, data: st.DataObject, limit: int = 1) -> None:
+    @initialize(data=st.data(), limit=st.sampled_from([0, 1, 2]))
+    def begin(self, data: st.DataObject, limit: int = 1) -> None:
         self.limit = limit
         """``SAGA_MAX_IN_FLIGHT`` of the deployment now running; 0: flow control off."""
         self.table = DispatchTable()
         self.intents: dict[str, CommandIntent] = {}  # message id -> the command it carries
         self.under_limit: dict[str, bool] = {}  # step -> its latest command left under a limit
-        super().begin(defn, data)
+        super().begin(data)  # draws the definition from SagaWorld.definitions
 
     @property
     def limited(self) -> set[str]:
