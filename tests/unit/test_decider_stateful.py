@@ -58,11 +58,11 @@ from tests.unit.sagas import Driver, check
 
 
 @st.composite
-def timed_definitions(draw: st.DrawFn) -> SagaDefinition:
-    """DAGs of up to four steps: some read an earlier step's result in a condition (a
-    branch), some wait for a person, one may be the pivot."""
+def timed_definitions(draw: st.DrawFn, people: bool = True, more: bool = True) -> SagaDefinition:
+    """DAGs of up to four steps: some wait for a person (``people``); with ``more``, some
+    read an earlier step's result in a condition (a branch) and one may be the pivot."""
     n = draw(st.integers(min_value=1, max_value=4))
-    pivot = draw(st.sampled_from([None, None, 0, 0, 1]))  # a pivot, early, 3 times in 5
+    pivot = draw(st.sampled_from([None, None, 0, 0, 1])) if more else None
     steps = []
     ancestors: dict[str, set[str]] = {}
     for i in range(n):
@@ -73,11 +73,11 @@ def timed_definitions(draw: st.DrawFn) -> SagaDefinition:
         ancestors[f"s{i}"] = set(names).union(*(ancestors[p] for p in names))
         readable = sorted(ancestors[f"s{i}"])
         when = None
-        if readable and draw(st.integers(0, 2)) == 0:
+        if more and readable and draw(st.integers(0, 2)) == 0:
             when = equals(f"{draw(st.sampled_from(readable))}.go", True)
             when = ~when if draw(st.booleans()) else when
         common = {"depends_on": names, "when": when, "pivot": i == pivot}
-        if i and draw(st.integers(0, 3)) == 0:
+        if people and i and draw(st.integers(0, 3)) == 0:
             after_pivot = f"s{pivot}" in ancestors[f"s{i}"]
             steps.append(
                 human_step(
