@@ -498,3 +498,32 @@ def forged_reply(saga_id: str, command_id: str):
         outcome=Outcome.SUCCESS,
         result={"reservation_id": "forged"},
     )
+
+
+class WebClients:
+    """Web apps over ``order_app``'s sagas and participants with ``settings`` changed (the
+    tokens, public reads), each a TestClient; ``close`` closes the apps they were built on."""
+
+    def __init__(self, order_app, settings, tokens: str) -> None:
+        self.order_app, self.settings, self.tokens = order_app, settings, tokens
+        self.apps: list = []
+
+    def __call__(self, **changes):
+        from dataclasses import replace
+
+        from fastapi.testclient import TestClient
+
+        from saga_tasks import SagaApp
+        from saga_tasks.web import create_web_app
+
+        app = SagaApp(
+            sagas=list(self.order_app.registry),
+            participants=list(self.order_app.participants.values()),
+            settings=replace(self.settings, api_tokens=self.tokens, **changes),
+        )
+        self.apps.append(app)
+        return TestClient(create_web_app(app))
+
+    def close(self) -> None:
+        for app in self.apps:
+            app.close()

@@ -5,7 +5,6 @@ here, or guarded by another scope than its row says, fails this test."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,8 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from starlette.routing import Route as StarletteRoute
 
-from saga_tasks import SagaApp
 from saga_tasks.ops.trust import ROUTES, SCOPES, Route, routes_markdown
-from saga_tasks.web import create_web_app
-from tests.helpers import ORDER
+from tests.helpers import ORDER, WebClients
 
 TOKENS = {scope: f"token-of-{scope}-only-0123456789" for scope in SCOPES}
 
@@ -38,20 +35,9 @@ def served(web: Any) -> set[tuple[str, str]]:
 def web(order_app, settings):
     """A web app with one token per scope; a saga to read and act on."""
     entries = ",".join(f"{scope}-actor:{token}:{scope}" for scope, token in TOKENS.items())
-    built: list[SagaApp] = []
-
-    def build(**changes: Any) -> TestClient:
-        app = SagaApp(
-            sagas=list(order_app.registry),
-            participants=list(order_app.participants.values()),
-            settings=replace(settings, api_tokens=entries, **changes),
-        )
-        built.append(app)
-        return TestClient(create_web_app(app))
-
+    build = WebClients(order_app, settings, entries)
     yield build
-    for app in built:
-        app.close()
+    build.close()
 
 
 def call(client: TestClient, route: Route, saga_id: str, token: str | None) -> Any:

@@ -14,7 +14,6 @@ import pytest
 from fastapi.testclient import TestClient
 from kombu import Connection
 
-from saga_tasks import SagaApp
 from saga_tasks.core.messages import H_KIND, H_SAGA_ID, H_STEP
 from saga_tasks.core.states import SagaStatus
 from saga_tasks.runtime.holding import DEAD_LETTER
@@ -22,6 +21,7 @@ from saga_tasks.web import create_web_app
 from tests.helpers import (
     ANA_TOKEN,
     ORDER,
+    WebClients,
     drain,
     events,
     pump,
@@ -48,20 +48,9 @@ def bearer(token: str) -> dict[str, str]:
 @pytest.fixture
 def scoped(order_app, settings):
     """A web app with one token per scope, and another with public reads on."""
-    apps = []
-
-    def build(**changes):
-        app = SagaApp(
-            sagas=list(order_app.registry),
-            participants=list(order_app.participants.values()),
-            settings=replace(settings, api_tokens=TOKENS, **changes),
-        )
-        apps.append(app)
-        return TestClient(create_web_app(app))
-
+    build = WebClients(order_app, settings, TOKENS)
     yield build
-    for app in apps:
-        app.close()
+    build.close()
 
 
 def start(client, key, headers):
