@@ -2,8 +2,9 @@
 for capacity at their queue, and which steps give back the place they hold there.
 
 A step holds one place at its queue from when its command leaves until the step stops
-awaiting it (it answers, is given up or done by hand, or its saga ends); a command sent
-again while a copy is out goes at once, in that copy's place. Giving a place back depends
+awaiting it (it answers, is given up or done by hand, or its saga ends; a late answer
+that reopens an ended saga takes the places of its steps still awaited again); a command
+sent again while a copy is out goes at once, in that copy's place. Giving a place back depends
 on the saga's states alone, never on the limits in force: a command held under one
 deployment's limits may be answered under another's that has none, and if its place were
 kept then, it would count in flight under the next deployment that has a limit, for good.
@@ -42,6 +43,11 @@ class Staged:
     the place until the step answers."""
     touched: frozenset[str]
     """Limited queues where room may have changed: release what fits there."""
+    retaken: tuple[str, ...] = ()
+    """Steps of an ended saga that a late answer reopens (into review) and that still
+    await their command: the copy out holds its place again, paused as the saga is, so
+    that a person sending the saga on finds it counted. Their places were given back when
+    the saga ended, whatever the limits; they are taken again whatever the limits too."""
 
 
 def held_again(
@@ -106,7 +112,15 @@ def stage(
             )
         ):
             touched.add(queue)
-    return Staged(tuple(sent), tuple(held), tuple(freed), tuple(superseded), frozenset(touched))
+    reopens = moved and old.status in TERMINAL_SAGA and new.status not in TERMINAL_SAGA
+    retaken = tuple(
+        name
+        for name, after in new.steps.items()
+        if reopens and after.in_flight and name not in resent
+    )
+    return Staged(
+        tuple(sent), tuple(held), tuple(freed), tuple(superseded), frozenset(touched), retaken
+    )
 
 
 def takes_place(limited: Collection[str], queue: str | None, after: SagaState, step: str) -> bool:

@@ -14,6 +14,7 @@ definition (``Participant(max_in_flight=, rate_limit=)``), then the deployment's
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import Connection
@@ -21,7 +22,7 @@ from sqlalchemy import Connection
 from saga_tasks.core import capacity
 from saga_tasks.core.clock import Clock, SystemClock
 from saga_tasks.core.definitions import SagaDefinition
-from saga_tasks.core.messages import OutboundMessage
+from saga_tasks.core.messages import H_STEP, OutboundMessage
 from saga_tasks.core.model import SagaState
 from saga_tasks.observability import metrics
 from saga_tasks.persistence import dispatch
@@ -105,7 +106,30 @@ class FlowControl:
         changes.held += staged.held
         changes.freed += [(old.saga_id, step) for step in staged.freed]
         changes.superseded += [(old.saga_id, step) for step in staged.superseded]
+        for step in staged.retaken:
+            self._retake(conn, definition, new, step)
         return set(staged.touched)
+
+    def _retake(
+        self, conn: Connection, definition: SagaDefinition | None, new: SagaState, step: str
+    ) -> None:
+        """The copy out of ``step`` holds its place again in a saga a late answer reopened
+        (``Staged.retaken``): a sent row, paused with the saga by the decision's write.
+        Only the count needs it; nothing releases a sent row."""
+        found = definition.by_name.get(step) if definition is not None else None
+        if found is None:
+            return
+        queue = found.queue  # a step's compensation goes to its queue too
+        message = OutboundMessage(
+            message_id=str(uuid.uuid4()),
+            task_name="",
+            queue=queue,
+            headers={H_STEP: step},
+            body={},
+            saga_id=new.saga_id,
+            routing_key=queue,
+        )
+        dispatch.take_place(conn, message, step, now=self.clock.now())
 
     def release(
         self, conn: Connection, queues: Iterable[str] | None = None

@@ -47,7 +47,7 @@ class DispatchTable:
         """``dispatch.out``: which of ``steps`` have a command sent and not yet answered."""
         return {r.step for r in self.rows if r.sent_at is not None and r.step in steps}
 
-    def write(self, staged: Staged, status: SagaStatus) -> None:
+    def write(self, staged: Staged, status: SagaStatus, now: datetime) -> None:
         """One decision's statement: ``free_sql`` (delete the freed steps' sent rows,
         withdraw their and the superseded steps' waiting rows), ``pause_sql`` (the other
         live rows follow the saga's status) and ``insert_sql`` (the held commands, paused
@@ -64,6 +64,9 @@ class DispatchTable:
                 r.paused = paused
             kept.append(r)
         self.rows = kept + [Row(m, paused) for m in staged.held]
+        for step in staged.retaken:  # ``FlowControl._retake``, before the statement's pause
+            self.take_place(_placeholder(step), now)
+            self.rows[-1].paused = paused
 
     def release(self, limit: int, now: datetime) -> list[OutboundMessage]:
         """``saga.dispatch_release`` for one queue: the oldest waiting rows of running or
@@ -90,3 +93,11 @@ class DispatchTable:
             if not r.withdrawn:
                 found[r.step] = r.sent_at
         return found
+
+
+def _placeholder(step: str) -> OutboundMessage:
+    """The sent row ``FlowControl._retake`` writes for ``step``: only its step counts."""
+    return OutboundMessage(
+        message_id=f"retaken/{step}", task_name="", queue="", headers={H_STEP: step}, body={},
+        saga_id="",
+    )  # fmt: skip

@@ -56,3 +56,23 @@ def test_a_replay_takes_a_place_only_in_a_running_or_compensating_saga():
     assert not capacity.takes_place(set(), QUEUE, state, "s0"), "no limit, no place"
     ended = replace(state, status=SagaStatus.COMPLETED)
     assert not capacity.takes_place({QUEUE}, QUEUE, ended, "s0")
+
+
+def test_a_late_answer_that_reopens_an_ended_saga_takes_back_the_places_still_out():
+    """Found by the flow world on parallel steps: an operator resolves a saga in review
+    while one step's command is out (its place is given back with the end), then another
+    step's late answer reopens the saga into review. The command still out held no place,
+    so a person sending the saga on let the queue take one more than its limit."""
+    driver = Driver(linear(2))
+    driver.start()
+    running = driver.state
+    ended = replace(running, status=SagaStatus.COMPLETED)
+    assert "s0" in capacity.stage({QUEUE}, driver.definition, old=running, new=ended,
+                                  messages=[]).freed  # fmt: skip
+    reopened = replace(ended, status=SagaStatus.MANUAL_REVIEW)
+    for limited in ({QUEUE}, set()):
+        staged = capacity.stage(limited, driver.definition, old=ended, new=reopened, messages=[])
+        assert staged.retaken == ("s0",), limited
+    review = replace(running, status=SagaStatus.MANUAL_REVIEW)
+    assert capacity.stage({QUEUE}, driver.definition, old=running, new=review,
+                          messages=[]).retaken == (), "a saga that never ended keeps its rows"  # fmt: skip
