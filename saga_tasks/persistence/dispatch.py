@@ -262,11 +262,18 @@ def take_place(
 ) -> bool:
     """Record ``message``, published to its queue by hand (a replay) for ``step`` of a
     running or compensating saga, as sent at ``now``: it holds the step's place until the
-    step answers, unless a copy of the step's sent before holds it already. True when
-    recorded."""
+    step answers, unless a copy of the step's sent before holds it already. A copy of
+    the step's command still waiting for capacity is withdrawn: the replay is that
+    command (the step awaits one at a time) and went out already; released as well, the
+    step would hold two places. True when recorded."""
     recorded = conn.execute(
         text(
-            """INSERT INTO saga.saga_dispatch (message_id, saga_id, step, queue, task_name,
+            """WITH withdrawn AS (
+                   UPDATE saga.saga_dispatch SET withdrawn_at = :now
+                   WHERE saga_id = CAST(:saga_id AS uuid) AND step = :step
+                     AND sent_at IS NULL AND withdrawn_at IS NULL
+                     AND message_id <> CAST(:message_id AS uuid))
+               INSERT INTO saga.saga_dispatch (message_id, saga_id, step, queue, task_name,
                    routing_key, headers, body, sent_at)
                SELECT CAST(:message_id AS uuid), CAST(:saga_id AS uuid), :step, :queue,
                       :task_name, :routing_key, CAST(:headers AS jsonb), CAST(:body AS jsonb),

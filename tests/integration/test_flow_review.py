@@ -280,3 +280,55 @@ def test_a_replayed_compensation_holds_its_place_at_the_queue(one_out, settings)
     (released,) = drain(url, INVENTORY)
     assert released["headers"]["saga_id"] == b.saga_id
     assert in_flight(app, INVENTORY) == 1
+
+
+def test_a_replay_withdraws_its_steps_copy_waiting_for_capacity(settings, clock):
+    """Found by the flow world: a step whose re-send waits for capacity, and whose first
+    copy (sent by a deployment without a limit, so holding no place) died and is
+    replayed. The replay takes the step's place and the waiting copy stayed: released
+    when room freed, the step held two places and the participant got the command
+    twice. The replay is the command the step awaits; the copy waiting is withdrawn."""
+    url = settings.broker_url
+
+    def deployment(limit: str):
+        app = build_order_app(
+            dataclasses.replace(settings, max_in_flight=limit),
+            clock=clock,
+            on_dead_letter="manual_review",
+        )
+        app.sweeper._backlog = dict
+        return app
+
+    unlimited = deployment("0")
+    try:
+        a = to_reserve(unlimited, url, "fw-a")  # A's reserve out, holding no place
+    finally:
+        unlimited.close()
+    app = deployment("inventory=1")
+    try:
+        b = to_reserve(app, url, "fw-b")  # B's reserve takes the only place
+        clock.advance(31)
+        app.sweeper.sweep()  # A's re-send waits behind B; B's goes out in its own place
+        assert [r["step"] for r in waiting_rows(app, a.saga_id)] == ["reserve_stock"]
+        reject_one(url, INVENTORY)  # A's first copy dies
+        app.intake.take(DEAD_LETTER)
+        assert app.orchestrator.get(a.saga_id).status is SagaStatus.MANUAL_REVIEW
+        (dead,) = [h for h in held(app) if str(h["saga_id"]) == a.saga_id]
+        app.replayer.replay(dead["id"], actor="ana", reason="inventory fixed")
+        assert app.orchestrator.get(a.saga_id).status is SagaStatus.RUNNING
+        assert waiting_rows(app, a.saga_id) == [], "the replayed step's copy still waits"
+        sent = scalar(
+            app.engine,
+            "SELECT count(*) FROM saga.saga_dispatch WHERE saga_id = :s AND sent_at IS NOT NULL",
+            s=a.saga_id,
+        )
+        assert sent == 1
+        for message in drain(url, INVENTORY):  # B's copies and A's replay answer
+            run_command(app, message)
+        for reply in drain(url, "saga.replies"):
+            run_reply(app, reply)
+        assert [m["headers"]["saga_id"] for m in drain(url, INVENTORY)] == [], (
+            f"a copy of A's replayed command went out when B's answer ({b.saga_id}) freed room"
+        )
+    finally:
+        app.close()

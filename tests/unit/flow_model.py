@@ -79,8 +79,11 @@ class DispatchTable:
 
     def take_place(self, message: OutboundMessage, now: datetime) -> None:
         """``dispatch.take_place``: a replay's row, sent now, unless a sent copy of its step
-        holds the place already."""
+        holds the place already; a copy of the step waiting is withdrawn."""
         step = message.headers[H_STEP]
+        for r in self.rows:
+            if r.step == step and r.waiting and r.message.message_id != message.message_id:
+                r.withdrawn = True
         if any(r.step == step and r.sent_at is not None for r in self.rows):
             return
         self.rows.append(Row(message, paused=False, sent_at=now))
