@@ -118,6 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pool", default="solo", choices=["solo", "prefork", "threads"])
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="workers send task events (-E), as the README's deployment runs them for "
+        "Flower; the same for every configuration",
+    )
+    parser.add_argument(
         "--orchestrators", type=int, default=1, help="worker processes on saga.replies"
     )
     parser.add_argument("--prefetch", type=int, default=4)

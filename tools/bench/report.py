@@ -93,6 +93,7 @@ def build_report(
             "concurrency": args.concurrency,
             "prefetch_multiplier": args.prefetch,
             "orchestrators": args.orchestrators,
+            "task_events": getattr(args, "events", True),
             "starter_threads": args.starters,
             "worker_per_queue": True,
             "analyze_after_warmup": args.analyze_after_warmup,

@@ -65,6 +65,7 @@ class Bench:
                 log_dir=self.log_dir,
                 log_level=self.args.log_level,
                 broker_url=self.broker_url,
+                extra_args=("-E",) if getattr(self.args, "events", True) else (),
             )
             w.start(wait=False)
             started.append(w)
