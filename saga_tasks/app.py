@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -461,15 +463,26 @@ def load_app(spec: str) -> SagaApp:
         raise ConfigurationError(NO_APP)
     module_name, _, attribute = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_from_cwd(module_name)
     except ImportError as exc:
         raise ConfigurationError(
-            f"cannot import {module_name!r} (SAGA_TASKS_APP={spec}): {exc}"
+            f"cannot import {module_name!r} (SAGA_TASKS_APP={spec}) from {Path.cwd()} or the "
+            f"installed packages: {exc}; run from the directory that holds it, or install it"
         ) from exc
     candidate = getattr(module, attribute or "saga_app", None)
     if not isinstance(candidate, SagaApp):
         raise ConfigurationError(f"{spec} is not a SagaApp (set SAGA_TASKS_APP=module:attribute)")
     return candidate
+
+
+def _import_from_cwd(module_name: str) -> Any:
+    """Import ``module_name`` as ``celery -A`` does, the working directory first: so
+    ``saga-tasks`` (a console script, whose path does not hold it) finds the module that
+    ``celery -A`` finds from the same directory."""
+    here = str(Path.cwd())
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)  # kept: the app's modules may import their siblings later
+    return importlib.import_module(module_name)
 
 
 def start_saga(
