@@ -186,3 +186,21 @@ def check_broker(url: str) -> None:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
     except Exception as exc:
         raise unavailable("RabbitMQ", url, exc) from exc
+
+
+def vhost_missing(url: str) -> bool:
+    """True when RabbitMQ answers at ``url`` but has no vhost of the name it gives (the
+    broker refuses the connection with 530 NOT_ALLOWED). Any other failure raises
+    ``ServiceUnavailable``."""
+    from amqp.exceptions import NotAllowed
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.connect()
+    except NotAllowed as exc:
+        if "vhost" in str(exc):
+            return True
+        raise unavailable("RabbitMQ", url, exc) from exc
+    except Exception as exc:
+        raise unavailable("RabbitMQ", url, exc) from exc
+    return False

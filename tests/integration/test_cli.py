@@ -334,3 +334,26 @@ def test_read_commands_load_none_of_the_deployment(env, order_app):
         full = cli("--app", "participants.app:saga_app", *args, env=env)
         assert full.returncode == 0, full.stderr
         assert json.loads(light.stdout) == json.loads(full.stdout), args
+
+
+def test_broker_declare_creates_a_missing_vhost_or_names_the_command(env, isolation):
+    """``broker declare`` on a vhost nobody had created failed with the broker's 530 and no
+    hint (a step the README did not name): it creates the vhost when its user may, and
+    with --no-create-vhost says the command that would."""
+    from saga_tasks.testing import RabbitAdmin
+
+    vhost = f"{isolation.ident}_new"  # the prefix: a run that dies leaves it to the sweep
+    url = isolation.broker_url.rsplit("/", 1)[0] + f"/{vhost}"
+    try:
+        refused = cli("broker", "declare", "--no-create-vhost", env={**env, "SAGA_BROKER_URL": url})
+        assert refused.returncode == 1, refused.stderr
+        assert f"rabbitmqctl add_vhost {vhost}" in refused.stderr
+        assert vhost not in RabbitAdmin().vhosts(vhost)
+        declared = cli("broker", "declare", env={**env, "SAGA_BROKER_URL": url})
+        assert declared.returncode == 0, declared.stderr
+        assert f"created vhost {vhost!r}" in declared.stderr
+        assert declared.stdout.startswith("declared ")
+        again = cli("broker", "declare", env={**env, "SAGA_BROKER_URL": url})
+        assert again.returncode == 0 and "created vhost" not in again.stderr
+    finally:
+        RabbitAdmin().delete_vhost(vhost)

@@ -81,15 +81,51 @@ def broker() -> None:
 
 
 @broker.command("declare")
+@click.option(
+    "--create-vhost/--no-create-vhost",
+    default=True,
+    help="Create SAGA_BROKER_URL's vhost if it is missing (its user needs the "
+    "administrator tag, or rabbitmqctl on this host).",
+)
 @click.pass_obj
-def broker_declare(obj: Context) -> None:
+def broker_declare(obj: Context, create_vhost: bool) -> None:
     """Declare every exchange and queue (idempotent; reports argument drift)."""
     from saga_tasks.messaging.topology import declare_topology
 
     app = obj.app()
+    url = app.settings.broker_url
     with errors():
-        names = declare_topology(app.settings.broker_url, app.topology)
+        _ensure_vhost(url, create=create_vhost)
+        names = declare_topology(url, app.topology)
     click.echo(f"declared {len(names)} queues: {', '.join(names)}")
+
+
+def _ensure_vhost(url: str, *, create: bool) -> None:
+    """Create ``url``'s vhost when RabbitMQ has none of its name and ``create``; else say
+    the command that creates it."""
+    from saga_tasks.errors import ConfigurationError
+    from saga_tasks.messaging.admin import RabbitAdmin, vhost_missing
+    from saga_tasks.messaging.users import credentials, management_api, vhost_of
+
+    if not vhost_missing(url):
+        return
+    vhost = vhost_of(url)
+    user, password = credentials(url)
+    how = (
+        f"rabbitmqctl add_vhost {vhost} && rabbitmqctl set_permissions -p {vhost} "
+        f"{user or 'guest'} '.*' '.*' '.*'"
+    )
+    if not create:
+        raise ConfigurationError(f"RabbitMQ has no vhost {vhost!r}; create it: {how}")
+    admin = RabbitAdmin(api=management_api(url), user=user or "guest", password=password)
+    try:
+        admin.create_vhost(vhost)
+    except Exception as exc:  # refused, or no API nor rabbitmqctl: say what would do it
+        raise ConfigurationError(
+            f"RabbitMQ has no vhost {vhost!r} and {user or 'guest'!r} could not create it "
+            f"({type(exc).__name__}); create it: {how}"
+        ) from exc
+    click.echo(f"created vhost {vhost!r}", err=True)
 
 
 @broker.command("users")
