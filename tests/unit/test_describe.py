@@ -75,6 +75,8 @@ def test_the_cli_describes_a_type_and_refuses_an_unknown_one():
     text = runner.invoke(cli.main, [*app, "describe", "order"])
     assert text.exit_code == 0 and "flowchart LR" in text.output
     assert "cannot be undone" in text.output
+    assert "\\n" not in text.output, "the diagram printed with literal \\n for its lines"
+    assert "\nflowchart LR\n    s0[" in text.output, "Mermaid reads one statement a line"
     unknown = runner.invoke(cli.main, [*app, "describe", "nope"])
     assert unknown.exit_code == 2
     version = runner.invoke(cli.main, [*app, "describe", "order", "--version", "9"])

@@ -205,7 +205,10 @@ def describe(obj: Context, saga_type: str, version: int | None, as_json: bool) -
             if version is None
             else app.registry.get(saga_type, version)
         )
-    emit(described(definition), as_json, render_definition)
+    found = described(definition)
+    if not as_json:  # lines, each escaped alone: the diagram's own line breaks stay
+        found = {**found, "mermaid": found["mermaid"].splitlines()}
+    emit(found, as_json, render_definition)
 
 
 def render_definition(d: dict[str, Any]) -> None:
@@ -233,4 +236,4 @@ def render_definition(d: dict[str, Any]) -> None:
             f"up to {retry['max_interval_seconds']:g} s)  late {s['late_reply']}  "
             f"dead letter {s['on_dead_letter']}{'  PIVOT' if s.get('pivot') else ''}{when}"
         )
-    click.echo("\n" + d["mermaid"])
+    click.echo("\n" + "\n".join(d["mermaid"]))
