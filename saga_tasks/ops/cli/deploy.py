@@ -218,3 +218,38 @@ def web(obj: Context, host: str, port: int) -> None:
         web_app = create_web_app(app)
     click.echo(f"saga_tasks web on http://{host}:{port} (API docs at /docs)")
     uvicorn.run(web_app, host=host, port=port, log_level="info", access_log=False)
+
+
+@click.group()
+def init() -> None:
+    """Write the files a new part of an app starts from."""
+
+
+@init.command("participant")
+@click.argument("name")
+@click.option(
+    "--to",
+    "to",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of the chain [default: migrations/NAME].",
+)
+@click.option("--schema", help="Its schema [default: NAME, as Participant(NAME) has].")
+@click.option(
+    "--module",
+    metavar="MODULE:ATTRIBUTE",
+    help="The Participant, for autogenerate to compare its tables (e.g. trip.flights:flights).",
+)
+def init_participant(name: str, to: Path | None, schema: str | None, module: str | None) -> None:
+    """A participant's Alembic chain: its environment, and a first revision creating the
+    ledger, outbox and redelivery counts in its schema. Add your tables after."""
+    from saga_tasks.ops.scaffold import participant_chain
+
+    target = to or Path("migrations") / name
+    with errors():
+        written = participant_chain(name, target, schema=schema, module=module)
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(
+        f'next: Participant("{name}", migrations="{target}"), then saga-tasks db upgrade',
+        err=True,
+    )
