@@ -205,7 +205,12 @@ def describe(obj: Context, saga_type: str, version: int | None, as_json: bool) -
             if version is None
             else app.registry.get(saga_type, version)
         )
-    emit(described(definition), as_json, render_definition)
+    data = described(definition)
+    if not as_json:
+        # The diagram's line breaks are its structure: escaped for the terminal as one
+        # string they would print as a literal "\n"; each line is escaped on its own.
+        data["mermaid"] = data["mermaid"].split("\n")
+    emit(data, as_json, render_definition)
 
 
 def render_definition(d: dict[str, Any]) -> None:
@@ -233,4 +238,6 @@ def render_definition(d: dict[str, Any]) -> None:
             f"up to {retry['max_interval_seconds']:g} s)  late {s['late_reply']}  "
             f"dead letter {s['on_dead_letter']}{'  PIVOT' if s.get('pivot') else ''}{when}"
         )
-    click.echo("\n" + d["mermaid"])
+    click.echo()
+    for line in d["mermaid"]:
+        click.echo(line)
