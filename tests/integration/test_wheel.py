@@ -202,6 +202,7 @@ def test_the_wheel_alone_runs_a_users_saga_on_an_empty_database(
     assert tops == {"saga_tasks", f"{distribution}-{version}.dist-info"}
     assert "saga_tasks/_migrations/env.py" in names
     assert "saga_tasks/_migrations/versions/0001_saga_schema.py" in names
+    assert "saga_tasks/py.typed" in names  # PEP 561: a user's type checker reads our hints
     assert not [n for n in names if "participants" in n or n.startswith(("tests/", "tools/"))]
 
     make = lowest_venv if versions == "lowest" else fresh_venv
