@@ -11,6 +11,10 @@
 - ``WorkerProcess``: a real ``celery worker`` (or ``beat``) process, started, awaited until
   ready, killed with any signal; its whole process group goes with it.
 - ``wait_for`` and ``wait_for_status``: await a condition instead of sleeping and hoping.
+- The pure decider, for tests without services: ``decide(definition, state, event, now)``
+  with the events it takes (``Started``, ``ReplyReceived``, ``SignalReceived``,
+  ``DeadlinePassed``), the ``Decision`` it returns (``CommandIntent``, ``HistoryEntry``) and
+  the state it moves (``SagaState``, ``StepState``, ``StepStatus``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from saga_tasks.core.clock import FakeClock
-from saga_tasks.core.states import SagaStatus
+from saga_tasks.core.decider import CommandIntent, Decision, HistoryEntry, decide
+from saga_tasks.core.events import DeadlinePassed, ReplyReceived, SignalReceived, Started
+from saga_tasks.core.model import SagaState, StepState
+from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.messaging.topology import declare_topology
 from saga_tasks.ops.isolation import (
     Isolation,
@@ -58,6 +65,18 @@ __all__ = [
     "run_reply",
     "wait_for",
     "wait_for_status",
+    # the pure decider
+    "CommandIntent",
+    "DeadlinePassed",
+    "Decision",
+    "HistoryEntry",
+    "ReplyReceived",
+    "SagaState",
+    "SignalReceived",
+    "Started",
+    "StepState",
+    "StepStatus",
+    "decide",
 ]
 
 
