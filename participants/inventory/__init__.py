@@ -15,7 +15,8 @@ from sqlalchemy import CheckConstraint, Column, DateTime, Integer, Table, Text, 
 from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
 
 from participants import MIGRATIONS
-from saga_tasks import BusinessRejection, CommandContext, Participant
+from saga_tasks import CommandContext, Participant
+from saga_tasks.errors import BusinessRejection
 
 participant = Participant("inventory", migrations=MIGRATIONS / "inventory")
 

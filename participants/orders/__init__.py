@@ -10,7 +10,8 @@ from sqlalchemy import Column, DateTime, Integer, Table, Text, select, update
 from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
 
 from participants import MIGRATIONS
-from saga_tasks import BusinessRejection, CommandContext, Participant
+from saga_tasks import CommandContext, Participant
+from saga_tasks.errors import BusinessRejection
 
 participant = Participant("orders", migrations=MIGRATIONS / "orders")
 

@@ -16,7 +16,8 @@ from sqlalchemy import BigInteger, Column, DateTime, Integer, Table, Text, selec
 from sqlalchemy.dialects.postgresql import UUID, insert
 
 from participants import MIGRATIONS
-from saga_tasks import BusinessRejection, CommandContext, Participant
+from saga_tasks import CommandContext, Participant
+from saga_tasks.errors import BusinessRejection
 
 participant = Participant("payments", migrations=MIGRATIONS / "payments")
 

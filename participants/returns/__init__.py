@@ -15,7 +15,8 @@ from sqlalchemy import Column, DateTime, Integer, Table, Text, select, update
 from sqlalchemy.dialects.postgresql import UUID, insert
 
 from participants import MIGRATIONS
-from saga_tasks import BusinessRejection, CommandContext, Participant
+from saga_tasks import CommandContext, Participant
+from saga_tasks.errors import BusinessRejection
 
 participant = Participant("returns", migrations=MIGRATIONS / "returns")
 

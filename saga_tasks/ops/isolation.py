@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import make_url
 
-from saga_tasks.config import mask_url, scrub
-from saga_tasks.errors import ConfigurationError, first_line
+from saga_tasks.config import Settings, mask_url
+from saga_tasks.errors import ConfigurationError, ServiceUnavailable
 from saga_tasks.messaging.admin import RabbitAdmin, queue_depths
-from saga_tasks.persistence.admin import create_database, drop_database, list_databases
+from saga_tasks.persistence.admin import (
+    create_database,
+    creator,
+    drop_database,
+    list_databases,
+)
+
+ADMIN_URL_VARIABLE = "SAGA_TEST_ADMIN_URL"
+
+
+def admin_url(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The URL ``Isolation`` creates its databases with, and where it came from:
+    ``SAGA_TEST_ADMIN_URL``, else the settings' database URL (``SAGA_DATABASE_URL`` or its
+    default) pointed at its server's ``postgres`` database."""
+    env = os.environ if env is None else env
+    if env.get(ADMIN_URL_VARIABLE):
+        return env[ADMIN_URL_VARIABLE], ADMIN_URL_VARIABLE
+    database_url = Settings.from_env(env).database_url
+    if not database_url:
+        raise ConfigurationError(
+            f"Isolation needs a PostgreSQL role that may create databases: set "
+            f"{ADMIN_URL_VARIABLE} (or SAGA_DATABASE_URL) to a URL of one, or pass "
+            f"admin_database_url="
+        )
+    postgres = make_url(database_url).set(database="postgres")
+    return postgres.render_as_string(hide_password=False), "SAGA_DATABASE_URL"
+
 
 __all__ = [
+    "ADMIN_URL_VARIABLE",
     "Isolation",
     "RabbitAdmin",
     "create_database",
@@ -24,23 +51,6 @@ __all__ = [
 ]
 
 
-ADMIN_URL_ENV = "SAGA_TEST_ADMIN_URL"
-FALLBACK_ADMIN_URL = "postgresql+psycopg2://saga_tasks:saga_tasks@127.0.0.1:5432/postgres"
-
-
-def default_admin_url(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
-    """Where an ``Isolation`` creates its databases when told nothing: ``SAGA_TEST_ADMIN_URL``,
-    else the server of ``SAGA_DATABASE_URL`` (its ``postgres`` database, its role), else
-    the local role this project's own set-up makes."""
-    env = os.environ if environ is None else environ
-    if env.get(ADMIN_URL_ENV):
-        return env[ADMIN_URL_ENV]
-    if env.get("SAGA_DATABASE_URL"):
-        url = make_url(env["SAGA_DATABASE_URL"]).set(database="postgres")
-        return str(url.render_as_string(hide_password=False))
-    return FALLBACK_ADMIN_URL
-
-
 @dataclass
 class Isolation:
     """A vhost and a database of one's own for one test run, and the URLs to reach them.
@@ -48,16 +58,25 @@ class Isolation:
     With ``participants``, each of them gets a database of its own too
     (``<ident>_<name>``, from the template ``<template>_<name>`` when a template is
     given), and ``env`` sets ``SAGA_PARTICIPANT_DATABASE_URL`` to reach them.
+
+    The databases are created as the role of ``admin_database_url``; without one, of
+    ``admin_url()``. A role that cannot log in or may not create databases is refused
+    with a ``ConfigurationError`` saying what is needed, before anything is made.
     """
 
-    admin_database_url: str = field(default_factory=default_admin_url)
-    """A role that may create databases (``CREATEDB``), on any database of the server."""
+    admin_database_url: str = ""
     broker_host: str = "guest:guest@127.0.0.1:5672"
     prefix: str = "saga_test_"
     template: str | None = None
     name: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     rabbit: RabbitAdmin = field(default_factory=RabbitAdmin)
     participants: tuple[str, ...] = ()
+    admin_from: str = field(default="admin_database_url", init=False)
+    """Where ``admin_database_url`` came from, for the error that names it."""
+
+    def __post_init__(self) -> None:
+        if not self.admin_database_url:
+            self.admin_database_url, self.admin_from = admin_url()
 
     @property
     def ident(self) -> str:
@@ -85,24 +104,35 @@ class Isolation:
     def broker_url(self) -> str:
         return f"amqp://{self.broker_host}/{self.ident}"
 
+    def check_admin(self) -> None:
+        """Refuse, saying what is needed, an admin role that cannot log in or may not
+        create databases."""
+        shown = f"{mask_url(self.admin_database_url)} (from {self.admin_from})"
+        try:
+            role, may_create = creator(self.admin_database_url)
+        except ServiceUnavailable as exc:
+            raise ConfigurationError(
+                f"Isolation needs a PostgreSQL role that may create databases; it cannot "
+                f"log in with {shown}: {exc.detail}. Set {ADMIN_URL_VARIABLE} (or pass "
+                f"admin_database_url=) to the URL of such a role"
+            ) from exc
+        if not may_create:
+            raise ConfigurationError(
+                f"Isolation needs a PostgreSQL role that may create databases; {role!r} of "
+                f"{shown} may not (ALTER ROLE {role} CREATEDB, or set {ADMIN_URL_VARIABLE} "
+                f"to the URL of a role that may)"
+            )
+
     def __enter__(self) -> Isolation:
+        self.check_admin()
         self.rabbit.create_vhost(self.ident)
         try:
-            try:
-                create_database(self.database_url, template=self.template)
-            except Exception as exc:
-                raise ConfigurationError(
-                    f"Isolation cannot create a database as {mask_url(self.admin_database_url)}"
-                    f" ({scrub(first_line(exc), self.admin_database_url)[:200]}): it needs a "
-                    "role that may create databases; "
-                    f"set {ADMIN_URL_ENV} (or pass admin_database_url=) to one"
-                ) from exc
+            create_database(self.database_url, template=self.template)
             for name in self.participants:
                 template = f"{self.template}_{name}" if self.template else None
                 create_database(self.participant_url(name), template=template)
         except Exception:
-            with contextlib.suppress(Exception):  # what it could not make it cannot drop
-                self.__exit__()
+            self.__exit__()
             raise
         return self
 

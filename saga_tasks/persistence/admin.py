@@ -45,6 +45,28 @@ def drop_database(url: str) -> None:
         engine.dispose()
 
 
+def creator(url: str) -> tuple[str, bool]:
+    """The role ``url`` logs in as on its server's ``postgres`` database, and whether it
+    may create databases (``CREATEDB``, or a superuser). ``ServiceUnavailable`` when it
+    cannot log in."""
+    engine = create_engine(
+        make_url(url).set(database="postgres"),
+        poolclass=NullPool,
+        connect_args={"connect_timeout": 5},
+    )
+    try:
+        with translated(url), engine.connect() as conn:
+            row = conn.execute(
+                text(
+                    "SELECT rolname, rolcreatedb OR rolsuper FROM pg_roles "
+                    "WHERE rolname = current_user"
+                )
+            ).one()
+            return str(row[0]), bool(row[1])
+    finally:
+        engine.dispose()
+
+
 def list_databases(url: str, prefix: str) -> list[str]:
     engine = _admin_engine(url)
     try:

@@ -1,7 +1,8 @@
 """Help for testing sagas against real services, shipped so users test theirs as we test ours.
 
 - ``Isolation``: a RabbitMQ vhost and a PostgreSQL database of one's own, removed after;
-  ``ready(app)`` migrates it and declares the app's topology there.
+  ``ready(app)`` migrates it (and each participant's database) and declares the app's
+  topology there.
 - ``pump``, ``drain``, ``run_command``, ``run_reply``: move a deployment's messages through
   its real queues in the test's own process, deterministically, without workers.
 - ``FakeClock``: a clock the test moves, so timeouts fire when the test says.
@@ -11,6 +12,10 @@
 - ``WorkerProcess``: a real ``celery worker`` (or ``beat``) process, started, awaited until
   ready, killed with any signal; its whole process group goes with it.
 - ``wait_for`` and ``wait_for_status``: await a condition instead of sleeping and hoping.
+- The pure decider, for tests without services: ``decide(definition, state, event, now)``
+  with the events it takes (``Started``, ``ReplyReceived``, ``SignalReceived``,
+  ``DeadlinePassed``), the ``Decision`` it returns (``CommandIntent``, ``HistoryEntry``) and
+  the state it moves (``SagaState``, ``StepState``, ``StepStatus``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from saga_tasks.core.clock import FakeClock
-from saga_tasks.core.states import SagaStatus
+from saga_tasks.core.decider import CommandIntent, Decision, HistoryEntry, decide
+from saga_tasks.core.events import DeadlinePassed, ReplyReceived, SignalReceived, Started
+from saga_tasks.core.model import SagaState, StepState
+from saga_tasks.core.states import SagaStatus, StepStatus
 from saga_tasks.messaging.topology import declare_topology
 from saga_tasks.ops.isolation import (
     Isolation,
@@ -30,7 +38,7 @@ from saga_tasks.ops.isolation import (
     queue_depths,
 )
 from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
-from saga_tasks.persistence.migrate import upgrade
+from saga_tasks.ops.services import upgrade_all
 from saga_tasks.testing.invariants import Report, check_invariants
 from saga_tasks.testing.pump import drain, pump, refusal, run, run_command, run_reply
 
@@ -58,6 +66,18 @@ __all__ = [
     "run_reply",
     "wait_for",
     "wait_for_status",
+    # the pure decider
+    "CommandIntent",
+    "DeadlinePassed",
+    "Decision",
+    "HistoryEntry",
+    "ReplyReceived",
+    "SagaState",
+    "SignalReceived",
+    "Started",
+    "StepState",
+    "StepStatus",
+    "decide",
 ]
 
 
@@ -86,8 +106,11 @@ def wait_for_status(
 
 
 def ready(app: SagaApp) -> SagaApp:
-    """What a deploy does before workers start: migrate the app's database (the saga
-    schema, then ``app.migrations``) and declare its topology on its broker."""
-    upgrade(app.settings.database_url, app.migrations)
+    """What a deploy does before workers start (``saga-tasks db upgrade``, then ``broker
+    declare``): migrate the app's database (the saga schema, then ``app.migrations``), then
+    each participant's own chain (``Participant(migrations=)``) in the database that
+    participant uses in this app, and declare the app's topology on its broker. The
+    databases must exist (``Isolation(participants=...)`` makes a participant's own)."""
+    upgrade_all(app, app.settings, create=False)
     declare_topology(app.settings.broker_url, app.topology)
     return app

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import text
 
-from saga_tasks import ConfigurationError, Settings
-from saga_tasks.errors import ServiceUnavailable, WebhookRefused
+from saga_tasks import Settings
+from saga_tasks.errors import ConfigurationError, ServiceUnavailable, WebhookRefused
 from saga_tasks.observability.alerts import Alert, AlertScan, LogAlerter, WebhookAlerter
 from saga_tasks.observability.webhook import post
 from tests.helpers import ORDER

@@ -12,8 +12,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from saga_tasks import SagaApp, ServiceUnavailable
+from saga_tasks import SagaApp
 from saga_tasks.core.states import SagaStatus
+from saga_tasks.errors import ServiceUnavailable
 from saga_tasks.messaging.dispatcher import Dispatcher
 from saga_tasks.messaging.topology import declare_topology
 from saga_tasks.observability import metrics

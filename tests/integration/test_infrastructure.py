@@ -298,11 +298,11 @@ def test_isolation_takes_the_users_admin_url_and_says_what_it_needs(monkeypatch)
     failed with the driver's error: it takes SAGA_TEST_ADMIN_URL, else the server of
     SAGA_DATABASE_URL, and a role that may not create databases is named with what to set."""
     from saga_tasks.errors import ConfigurationError
-    from saga_tasks.ops.isolation import default_admin_url
+    from saga_tasks.ops.isolation import admin_url
 
     user_db = ADMIN_URL.rsplit("/", 1)[0] + "/their_app"
-    assert default_admin_url({"SAGA_DATABASE_URL": user_db}) == ADMIN_URL
-    assert default_admin_url({"SAGA_TEST_ADMIN_URL": "x", "SAGA_DATABASE_URL": user_db}) == "x"
+    assert admin_url({"SAGA_DATABASE_URL": user_db})[0] == ADMIN_URL
+    assert admin_url({"SAGA_TEST_ADMIN_URL": "x", "SAGA_DATABASE_URL": user_db})[0] == "x"
 
     monkeypatch.delenv("SAGA_TEST_ADMIN_URL", raising=False)
     monkeypatch.setenv("SAGA_DATABASE_URL", user_db)

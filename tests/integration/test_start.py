@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from saga_tasks import BusinessKeyConflict, InputError, InvalidPayload, UnknownSagaType
 from saga_tasks.core.states import SagaStatus
+from saga_tasks.errors import BusinessKeyConflict, InputError, InvalidPayload, UnknownSagaType
 from saga_tasks.testing import queue_depths
 from tests.helpers import ORDER, drain, rows, scalar
 

@@ -203,6 +203,7 @@ def test_the_wheel_alone_runs_a_users_saga_on_an_empty_database(
     assert "saga_tasks/_migrations/env.py" in names
     assert "saga_tasks/py.typed" in names, "type checkers would ignore the package's hints"
     assert "saga_tasks/_migrations/versions/0001_saga_schema.py" in names
+    assert "saga_tasks/__init__.pyi" in names  # the public names, read at import too
     assert not [n for n in names if "participants" in n or n.startswith(("tests/", "tools/"))]
 
     make = lowest_venv if versions == "lowest" else fresh_venv

@@ -6,7 +6,6 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from saga_tasks import ReplyReceived, SagaState, SignalReceived, Started, decide
 from saga_tasks.core.decider import Decision
 from saga_tasks.core.definitions import SagaDefinition, saga, step
 from saga_tasks.core.events import DeadlinePassed
@@ -19,6 +18,7 @@ from saga_tasks.core.states import (
     SagaStatus,
     StepStatus,
 )
+from saga_tasks.testing import ReplyReceived, SagaState, SignalReceived, Started, decide
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

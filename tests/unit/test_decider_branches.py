@@ -17,18 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from saga_tasks import (
-    Condition,
-    DefinitionError,
-    SignalReceived,
-    at_least,
-    equals,
-    exists,
-    human_step,
-    less,
-    not_equals,
-    one_of,
-)
+from saga_tasks import Condition, at_least, equals, exists, human_step, less, not_equals, one_of
 from saga_tasks.core.conditions import read
 from saga_tasks.core.definitions import SagaDefinition, saga, step
 from saga_tasks.core.states import (
@@ -39,7 +28,8 @@ from saga_tasks.core.states import (
     SagaStatus,
     StepStatus,
 )
-from saga_tasks.errors import ActionRefused, InvalidPayload
+from saga_tasks.errors import ActionRefused, DefinitionError, InvalidPayload
+from saga_tasks.testing import SignalReceived
 from tests.unit.sagas import Driver, check
 
 VALUES = st.sampled_from(["a", "b", 1, 2, None])

@@ -13,7 +13,6 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from saga_tasks import ReplyReceived
 from saga_tasks.core.definitions import SagaDefinition, saga, step
 from saga_tasks.core.states import (
     IN_FLIGHT,
@@ -22,6 +21,7 @@ from saga_tasks.core.states import (
     SagaStatus,
     StepStatus,
 )
+from saga_tasks.testing import ReplyReceived
 from tests.unit.sagas import Driver, check
 
 

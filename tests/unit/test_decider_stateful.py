@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from saga_tasks import ReplyReceived, equals, human_step
+from saga_tasks import equals, human_step
 from saga_tasks.core.decider import CommandIntent, decide, hand_over, replay_awaits
 from saga_tasks.core.definitions import (
     DeadLetterPolicy,
@@ -54,6 +54,7 @@ from saga_tasks.core.states import (
     StepStatus,
 )
 from saga_tasks.errors import ActionRefused
+from saga_tasks.testing import ReplyReceived
 from tests.unit.sagas import Driver, check
 
 

@@ -8,17 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_tasks import (
+from saga_tasks import saga, step
+from saga_tasks.core.definitions import LateReplyPolicy, RetryPolicy
+from saga_tasks.errors import (
     DefinitionError,
     DependencyCycle,
     DuplicateStep,
     InvalidPayload,
     MissingQueue,
     UnknownDependency,
-    saga,
-    step,
 )
-from saga_tasks.core.definitions import LateReplyPolicy, RetryPolicy
 
 
 def s(name: str, **kw):
@@ -190,7 +189,8 @@ def test_any_graph_is_accepted_in_dependency_order_or_refused_as_a_cycle(graph):
 
 
 def test_a_compensation_on_another_participants_queue_is_refused():
-    from saga_tasks import CrossParticipantCompensation, Participant
+    from saga_tasks import Participant
+    from saga_tasks.errors import CrossParticipantCompensation
 
     orders, inventory = Participant("orders"), Participant("inventory")
 
@@ -209,7 +209,8 @@ def test_a_compensation_on_another_participants_queue_is_refused():
 
 
 def test_the_app_refuses_task_names_of_two_participants_for_one_step():
-    from saga_tasks import CrossParticipantCompensation, Participant, SagaApp, Settings
+    from saga_tasks import Participant, SagaApp, Settings
+    from saga_tasks.errors import CrossParticipantCompensation
 
     orders, inventory = Participant("orders"), Participant("inventory")
 

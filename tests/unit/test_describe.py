@@ -103,3 +103,13 @@ def test_the_returns_saga_shows_its_branch_pivot_and_person():
     text = runner.invoke(cli.main, [*app, "describe", "return"])
     assert text.exit_code == 0
     assert "a person decides (Inspection)" in text.output and "PIVOT" in text.output
+
+
+def test_the_text_prints_the_diagram_one_line_per_line():
+    from participants.order_saga import order_saga
+
+    runner = CliRunner()
+    text = runner.invoke(cli.main, ["--app", "participants.app:saga_app", "describe", "order"])
+    assert text.exit_code == 0, text.output
+    assert "\\n" not in text.output
+    assert text.output.rstrip("\n").endswith(mermaid(order_saga()))

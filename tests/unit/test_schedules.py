@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from saga_tasks import SagaApp, ScheduleError, Settings, saga, schedule, step
+from saga_tasks import SagaApp, Settings, saga, schedule, step
 from saga_tasks.core.cron import Cron
 from saga_tasks.core.schedules import CATCH_UP_LIMIT, EPOCH, format_tick, parse_tick, plan
 from saga_tasks.errors import (
@@ -18,6 +18,7 @@ from saga_tasks.errors import (
     InvalidCron,
     InvalidInterval,
     InvalidScheduledPayload,
+    ScheduleError,
     UnknownScheduledSaga,
 )
 from saga_tasks.worker.scheduler import fire_due
