@@ -306,7 +306,12 @@ def test_a_step_that_cannot_be_undone_is_sent_until_it_answers_with_one_alert(
         (reply,) = drain(url, "saga.replies")
         run_reply(app, reply)
     caplog.set_level("ERROR", logger="saga_tasks.orchestrator")
-    for _ in range(8):  # five re-sends, and the saga's own deadline passing on the way
+    # The saga's own deadline passes with the first silence: five re-sends' waits, less their
+    # jitter (up to a quarter each, drawn from the saga's random id), can add up to less than
+    # the saga's 600 s, so waiting for it "on the way" failed now and then.
+    deadline = app.orchestrator.get(handle.saga_id).deadline
+    clock.advance((deadline - clock.now()).total_seconds() + 1)
+    for _ in range(8):  # five re-sends
         if app.orchestrator.get(handle.saga_id).steps["confirm_order"].attempt == 6:
             break
         lapse(app, clock, handle.saga_id)
