@@ -113,10 +113,10 @@ def stage(
         ):
             touched.add(queue)
     reopens = moved and old.status in TERMINAL_SAGA and new.status not in TERMINAL_SAGA
-    retaken = tuple(
-        name
-        for name, after in new.steps.items()
-        if reopens and after.in_flight and name not in resent
+    retaken = (
+        tuple(n for n, after in new.steps.items() if after.in_flight and n not in resent)
+        if reopens
+        else ()
     )
     return Staged(
         tuple(sent), tuple(held), tuple(freed), tuple(superseded), frozenset(touched), retaken

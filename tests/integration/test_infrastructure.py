@@ -291,38 +291,3 @@ def test_topology_declares_twice_and_names_a_mismatch(isolation):
         TopologyMismatch, match=r"queue 'orders.commands' exists on the broker with other arguments"
     ):
         declare_topology(isolation.broker_url, mismatched)
-
-
-def test_isolation_takes_the_users_admin_url_and_says_what_it_needs(monkeypatch):
-    """``Isolation()`` defaulted to a ``saga_tasks:saga_tasks`` role few users have, and
-    failed with the driver's error: it takes SAGA_TEST_ADMIN_URL, else the server of
-    SAGA_DATABASE_URL, and a role that may not create databases is named with what to set."""
-    from saga_tasks.errors import ConfigurationError
-    from saga_tasks.ops.isolation import admin_url
-
-    user_db = ADMIN_URL.rsplit("/", 1)[0] + "/their_app"
-    assert admin_url({"SAGA_DATABASE_URL": user_db})[0] == ADMIN_URL
-    assert admin_url({"SAGA_TEST_ADMIN_URL": "x", "SAGA_DATABASE_URL": user_db})[0] == "x"
-
-    monkeypatch.delenv("SAGA_TEST_ADMIN_URL", raising=False)
-    monkeypatch.setenv("SAGA_DATABASE_URL", user_db)
-    with Isolation(prefix=PREFIX) as iso:
-        assert iso.admin_database_url == ADMIN_URL
-        engine = create_engine(iso.database_url, poolclass=NullPool)
-        try:
-            with engine.connect() as conn:
-                assert conn.execute(text("SELECT current_database()")).scalar() == iso.ident
-        finally:
-            engine.dispose()
-
-    nobody = ADMIN_URL.replace("//saga_tasks:saga_tasks@", "//no_such_role:secret-pw@")
-    monkeypatch.setenv("SAGA_TEST_ADMIN_URL", nobody)
-    isolation = Isolation(prefix=PREFIX)
-    with pytest.raises(ConfigurationError) as refused:
-        isolation.__enter__()
-    message = str(refused.value)
-    assert "SAGA_TEST_ADMIN_URL" in message and "may create databases" in message
-    assert "secret-pw" not in message
-    from saga_tasks.testing import RabbitAdmin
-
-    assert isolation.ident not in RabbitAdmin().vhosts(PREFIX), "its vhost was left behind"
