@@ -282,6 +282,13 @@ class Settings:
         4,
         "Unacknowledged messages a worker process may hold, per pool slot; at least 1.",
     )
+    reply_batch: int = _env(
+        "SAGA_REPLY_BATCH",
+        16,
+        "Replies an orchestrator worker applies in one transaction (group commit), out of "
+        "those it holds (its prefetch bounds a batch); 1 applies each as its own Celery "
+        "task, as Flower shows them.",
+    )
     log_format: str = _env(
         "SAGA_LOG_FORMAT",
         "text",
@@ -373,6 +380,7 @@ class Settings:
             ("db_pool_size", "0 or less would mean no bound on connections"),
             # Celery reads 0 as "unlimited": a worker would take its whole queue.
             ("prefetch_multiplier", "0 would let a worker take its whole queue"),
+            ("reply_batch", "a batch of no replies applies none"),
         ):
             value = getattr(self, name)
             if value < 1:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -78,6 +78,30 @@ class SagaHandle:
     status: SagaStatus
     created: bool
     """False when the business key named an existing saga, which is returned instead."""
+
+
+@dataclass(frozen=True)
+class DeliveredReply:
+    """One reply as the worker received it, for ``Orchestrator.handle_replies``."""
+
+    message_id: str
+    headers: Mapping[str, Any] | None
+    body: Any
+    sender: str | None
+
+
+@dataclass(frozen=True)
+class _ReplyOutcome:
+    """What one reply did in its transaction; ``decision`` None for a duplicate, ``state``
+    None for an unknown saga, ``invalid`` the reason when the reply makes no sense."""
+
+    message_id: str
+    step: str
+    saga_id: str
+    state: SagaState | None
+    decision: Decision | None = None
+    messages: list[OutboundMessage] = field(default_factory=list)
+    invalid: str | None = None
 
 
 class Orchestrator:
@@ -355,52 +379,124 @@ class Orchestrator:
     ) -> Classification:
         """``handle_reply`` once the reply is read; a refused sender rolls back all it did."""
         now = self.clock.now()
-        messages: list[OutboundMessage] = []
         with translated(self.engine.url), self.engine.begin() as conn:
-            new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
-            if state is not None and self.senders.enforced:
-                # The inbox claim and the lock roll back with this: a refused reply
-                # leaves no trace but its record, and cannot pre-empt a real one.
-                step_queue = self.step_queue(state, reply.step)
-                what = f"reply for step {reply.step!r}"
-                self._refuse_sender(self.senders.refusal(sender, step_queue, what))
-            if not new:
-                if state is not None:
-                    sagas.append_note(
-                        conn,
-                        state,
-                        event="duplicate_message",
-                        reason="message already consumed",
-                        message_id=message_id,
-                        now=now,
+            outcome = self._decide_reply(conn, saga_id, reply, message_id, sender=sender, now=now)
+        if outcome.invalid is not None:
+            # Committed first: the inbox claim and the decider's note of it stay, so a
+            # second delivery is a duplicate; handle_reply records the message.
+            raise InvalidMessage(outcome.invalid)
+        return self._after_replies([outcome], redelivered=redelivered)[0]
+
+    def handle_replies(self, replies: Sequence[DeliveredReply]) -> list[Classification]:
+        """Apply several replies in one transaction (group commit), or none of them.
+
+        Each saga is locked in saga-id order (replies to one saga in arrival order), so two
+        batches, or a batch and the sweeper, never wait on each other in a cycle. Anything
+        but an accepted, stale or duplicate reply (a message that makes no sense, a refused
+        sender, an unknown saga, the database away) raises and rolls the whole batch back:
+        nothing of it was written, counted or sent, and the caller hands each message to the
+        one-reply path, where it succeeds or fails alone. A batch of one is applied at once:
+        group commit never waits for replies to arrive.
+        """
+        now = self.clock.now()
+        read = []
+        for delivered in replies:
+            self._refuse_sender(self.senders.stranger(delivered.sender, "reply"))
+            saga_id, reply = parse_reply(delivered.message_id, delivered.headers, delivered.body)
+            read.append((saga_id, reply, delivered))
+        in_lock_order = sorted(range(len(read)), key=lambda i: read[i][0])
+        outcomes: list[_ReplyOutcome | None] = [None] * len(read)
+        with translated(self.engine.url), self.engine.begin() as conn:
+            for i in in_lock_order:
+                saga_id, reply, delivered = read[i]
+                headers = delivered.headers
+                traceparent = (headers or {}).get("traceparent")
+                attributes = tracing.attributes(headers)
+                with self.tracing.span(f"saga.reply {reply.step}", traceparent, **attributes):
+                    outcome = self._decide_reply(
+                        conn, saga_id, reply, delivered.message_id, sender=delivered.sender, now=now
                     )
+                if outcome.invalid is not None:
+                    raise InvalidMessage(outcome.invalid)  # rolls the batch back
+                outcomes[i] = outcome
+        decided = [o for o in outcomes if o is not None]
+        return self._after_replies(decided, redelivered=False)
+
+    def _decide_reply(
+        self,
+        conn: Connection,
+        saga_id: str,
+        reply: ReplyReceived,
+        message_id: str,
+        *,
+        sender: str | None,
+        now: datetime,
+    ) -> _ReplyOutcome:
+        """Claim, lock, decide and write one reply in ``conn``'s transaction (its
+        ``invalid`` names why a reply makes no sense); raises ``SenderRefused`` for a sender
+        that may not send it."""
+        new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
+        if state is not None and self.senders.enforced:
+            # The inbox claim and the lock roll back with this: a refused reply
+            # leaves no trace but its record, and cannot pre-empt a real one.
+            step_queue = self.step_queue(state, reply.step)
+            what = f"reply for step {reply.step!r}"
+            self._refuse_sender(self.senders.refusal(sender, step_queue, what))
+        if not new:
+            if state is not None:
+                sagas.append_note(
+                    conn,
+                    state,
+                    event="duplicate_message",
+                    reason="message already consumed",
+                    message_id=message_id,
+                    now=now,
+                )
+            return _ReplyOutcome(message_id, reply.step, saga_id, state)
+        if state is None:
+            return _ReplyOutcome(
+                message_id, reply.step, saga_id, None, invalid=f"reply for unknown saga {saga_id}"
+            )
+        decision, messages = self._apply(conn, state, reply, now, causation_id=message_id)
+        invalid = None
+        if decision.classification is Classification.INVALID:
+            invalid = next((h.reason or "" for h in decision.history), "")
+        return _ReplyOutcome(message_id, reply.step, saga_id, state, decision, messages, invalid)
+
+    def _after_replies(
+        self, outcomes: Sequence[_ReplyOutcome], *, redelivered: bool
+    ) -> list[Classification]:
+        """Once the replies' transaction committed: count, log, probe, send."""
+        probes = []
+        messages: list[OutboundMessage] = []
+        for o in outcomes:
+            if o.decision is None or o.state is None:
                 metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
-                fields: dict[str, Any] = {"saga_id": saga_id, "message_id": message_id}
-                if state is not None:
+                fields: dict[str, Any] = {"saga_id": o.saga_id, "message_id": o.message_id}
+                if o.state is not None:
+                    status = o.state.status
                     fields = log_fields(
-                        state, message_id, status_before=state.status, status_after=state.status
+                        o.state, o.message_id, status_before=status, status_after=status
                     )
-                log.info("duplicate message ignored", extra={**fields, "step": reply.step})
-                return Classification.DUPLICATE
-            if state is None:
-                reason = f"reply for unknown saga {saga_id}"
-            else:
-                decision, messages = self._apply(conn, state, reply, now, causation_id=message_id)
-                reason = next((h.reason or "" for h in decision.history), "")
-        if state is None or decision.classification is Classification.INVALID:
-            raise InvalidMessage(reason)  # recorded by handle_reply
-        observe(state, decision, message_id)
-        probe = None
-        if not redelivered and decision.classification is Classification.ACCEPTED:
-            fields = {"saga_id": saga_id, "message_id": message_id, "step": reply.step}
-            probe = self.hooks.reply(state, reply.step, fields)
-        if probe is not None:
+                log.info("duplicate message ignored", extra={**fields, "step": o.step})
+                continue
+            observe(o.state, o.decision, o.message_id)
+            messages += o.messages
+            if not redelivered and o.decision.classification is Classification.ACCEPTED:
+                fields = {"saga_id": o.state.saga_id, "message_id": o.message_id, "step": o.step}
+                probe = self.hooks.reply(o.state, o.step, fields)
+                if probe is not None:
+                    probes.append(probe)
+        for probe in probes:
             probe.committed()
         outlet = self._outlet()
         outlet.send(saga_outbox, messages)
-        if probe is not None:
+        for probe in probes:
             probe.sent(outlet.flush)
-        return decision.classification
+        return [
+            Classification.DUPLICATE if o.decision is None else o.decision.classification
+            for o in outcomes
+        ]
 
     def _apply(
         self,

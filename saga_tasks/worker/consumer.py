@@ -40,6 +40,7 @@ from saga_tasks.errors import ServiceUnavailable
 from saga_tasks.observability import metrics
 from saga_tasks.persistence import storable
 from saga_tasks.runtime import invalid
+from saga_tasks.worker.batching import ReplyBatcher
 
 log = logging.getLogger("saga_tasks.consumer")
 
@@ -66,6 +67,10 @@ class ImmediateAckConsumer(Consumer):
 class SagaConsumer(ImmediateAckConsumer):
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         handler = super().create_task_handler(*args, **kwargs)
+        parts = getattr(self.app, "saga_parts", None)
+        batcher = None
+        if parts is not None and parts.settings.reply_batch > 1:
+            batcher = ReplyBatcher(self, handler, parts)
 
         def on_task_received(message: Any) -> Any:
             try:
@@ -75,6 +80,8 @@ class SagaConsumer(ImmediateAckConsumer):
             refused = self._refusal(message, body)
             if refused is not None:
                 return refused
+            if batcher is not None and batcher.take(message, body, self._queue_of(message, parts)):
+                return None
             return handler(message)
 
         return on_task_received

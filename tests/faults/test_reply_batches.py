@@ -1,0 +1,182 @@
+"""Group commit of replies (``worker.batching``) through real workers: replies the
+orchestrator holds are applied in one transaction, a bad one fails alone, and a kill at
+any point of a batch loses and doubles nothing.
+
+Replies are made to pile up first (the participants run, the orchestrator does not), so
+the orchestrator starts with a queue of them and a prefetch of 16: batches fill. Rows one
+transaction wrote share its ``xmin``: the number of distinct ``xmin`` among the first
+step's successes is the number of transactions that applied those replies.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+
+import pytest
+from kombu import Connection
+from sqlalchemy import text
+
+from saga_tasks.testing import queue_depths, wait_for
+from tests.helpers import ORDER, assert_each_effect_once, rows, scalar, statuses
+
+BATCHING = {"SAGA_PREFETCH_MULTIPLIER": "16", "SAGA_REPLY_BATCH": "16"}
+FIRST_STEP_COMMITS = (
+    "SELECT count(DISTINCT xmin::text) FROM saga.saga_history "
+    "WHERE event = 'step_succeeded' AND step = 'create_order'"
+)
+
+
+def _pile_up_replies(order_app, workers, count: int, *, first: int = 0, payload=None) -> list:
+    """Start ``count`` sagas and wait until their first step's replies wait in the queue."""
+    before = queue_depths(order_app.settings.broker_url, ["saga.replies"])["saga.replies"]
+    handles = [
+        order_app.start_saga("order", f"b-{first + i}", payload or ORDER) for i in range(count)
+    ]
+    wait_for(
+        lambda: (
+            queue_depths(order_app.settings.broker_url, ["saga.replies"])["saga.replies"]
+            >= before + count
+        ),
+        timeout=60,
+        describe=f"{count} more replies waiting in saga.replies",
+    )
+    return handles
+
+
+def _all_completed(order_app, sagas: int) -> None:
+    wait_for(
+        lambda: statuses(order_app) == {"COMPLETED": sagas},
+        timeout=120,
+        describe=lambda: f"every saga COMPLETED (now {statuses(order_app)})",
+    )
+
+
+@pytest.mark.timeout(180)
+def test_replies_held_together_commit_together(order_app, workers):
+    sagas = 24
+    workers.participants()
+    _pile_up_replies(order_app, workers, sagas)
+
+    workers.orchestrator(env=BATCHING)
+    _all_completed(order_app, sagas)
+
+    assert_each_effect_once(order_app, sagas)
+    commits = scalar(order_app.engine, FIRST_STEP_COMMITS)
+    assert commits < sagas / 2, f"{sagas} waiting replies applied in {commits} transactions"
+
+
+@pytest.mark.timeout(180)
+def test_one_bad_reply_in_a_batch_fails_alone(order_app, workers, settings):
+    sagas = 16
+    workers.participants()
+    _pile_up_replies(order_app, workers, sagas // 2)
+    unknown_saga = str(uuid.uuid4())
+    with Connection(settings.broker_url) as conn:
+        channel = conn.channel()
+        for message_id, headers in (
+            ("m-no-headers", {}),
+            (
+                "m-unknown-saga",
+                {
+                    "saga_id": unknown_saga,
+                    "saga_step": "create_order",
+                    "saga_message_kind": "reply",
+                    "saga_reply_to_kind": "command",
+                    "saga_command_id": unknown_saga,
+                },
+            ),
+        ):
+            message = channel.prepare_message(
+                json.dumps([[], {"outcome": "success"}, {}]),
+                content_type="application/json",
+                content_encoding="utf-8",
+                headers={"task": "saga_tasks.reply", "id": message_id, **headers},
+            )
+            channel.basic_publish(message, exchange="saga.replies", routing_key="reply.saga.v1")
+        channel.close()
+    _pile_up_replies(order_app, workers, sagas // 2, first=sagas // 2)
+
+    orchestrator = workers.orchestrator(env=BATCHING)
+    _all_completed(order_app, sagas)
+
+    assert_each_effect_once(order_app, sagas)
+    reasons = {
+        r["message_id"]: r["reason"]
+        for r in rows(order_app.engine, "SELECT message_id, reason FROM saga.invalid_message")
+    }
+    assert reasons == {
+        "m-no-headers": "missing or empty header 'saga_id'",
+        "m-unknown-saga": f"reply for unknown saga {unknown_saga}",
+    }
+    assert "rolled back (InvalidMessage" in orchestrator.log_text()
+    # The batch they were in was applied reply by reply; the rest were batched still.
+    assert scalar(order_app.engine, FIRST_STEP_COMMITS) < sagas
+
+
+@pytest.mark.timeout(180)
+def test_orchestrator_killed_while_a_batch_waits_mid_transaction(order_app, workers):
+    """SIGKILL while a batch's transaction is open (it waits for a saga row the test
+    holds): nothing of the batch committed, every reply is redelivered and applied once."""
+    sagas = 24
+    workers.participants()
+    handles = _pile_up_replies(order_app, workers, sagas)
+    held = max(h.saga_id for h in handles)  # locked last in whichever batch it is in
+
+    with order_app.engine.connect() as blocker:
+        blocker.execute(
+            text("SELECT 1 FROM saga.saga_instance WHERE saga_id = :s FOR UPDATE"), {"s": held}
+        )
+        orchestrator = workers.orchestrator(env=BATCHING)
+        wait_for(
+            lambda: scalar(
+                order_app.engine,
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND datname = current_database()",
+            )
+            > 0,
+            timeout=60,
+            describe="a batch waiting for the saga row the test holds",
+        )
+        orchestrator.kill(signal.SIGKILL)
+        blocker.rollback()
+
+    workers.orchestrator(env=BATCHING)
+    _all_completed(order_app, sagas)
+    assert_each_effect_once(order_app, sagas)
+
+
+@pytest.mark.demo_faults
+@pytest.mark.timeout(180)
+def test_orchestrator_killed_after_a_batch_committed(order_app, workers):
+    """SIGKILL after the batch's commit, before any of its commands is published or any
+    reply acked: the replies come again and are ignored as duplicates, and the commands
+    leave from the outbox (recovery), once each."""
+    sagas = 16
+    workers.beat()  # outbox recovery: the batch's commands were committed, never sent
+    workers.participants()
+    _pile_up_replies(order_app, workers, sagas - 1)
+    crashing = {**ORDER, "demo_faults": {"saga_tasks.reply@create_order": "crash_after_commit"}}
+    _pile_up_replies(order_app, workers, 1, first=sagas, payload=crashing)
+
+    orchestrator = workers.orchestrator(env=BATCHING)
+    wait_for(lambda: not orchestrator.alive(), timeout=60, describe="the orchestrator to crash")
+    neighbours = scalar(
+        order_app.engine,
+        "SELECT count(*) - 1 FROM saga.saga_history WHERE event = 'step_succeeded' "
+        "AND step = 'create_order' AND xmin = (SELECT xmin FROM saga.saga_history h "
+        "JOIN saga.saga_instance s USING (saga_id) WHERE s.business_key = :k "
+        "AND h.event = 'step_succeeded' AND h.step = 'create_order')",
+        k=f"b-{sagas}",
+    )
+    assert neighbours > 0, "the crashing reply was applied in a batch of its own"
+
+    workers.orchestrator(env=BATCHING)
+    _all_completed(order_app, sagas)
+    assert_each_effect_once(order_app, sagas)
+    duplicates = scalar(
+        order_app.engine,
+        "SELECT count(*) FROM saga.saga_history WHERE event = 'duplicate_message'",
+    )
+    assert duplicates >= neighbours + 1, "every reply of the committed batch came again"
