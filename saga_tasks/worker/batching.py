@@ -67,8 +67,13 @@ class ReplyBatcher:
             return False
         self._pending.append((message, reply))
         if not self._scheduled:
+            # A timer due now, not call_soon: the hub fires timers after this pass of
+            # ready callbacks and before it polls, while a callback scheduled from inside
+            # one of kombu's own ready callbacks (its reader re-schedules itself) waits
+            # for the next poll to return: with the prefetch window full of held
+            # replies, that is the next timer, up to a second later.
             self._scheduled = True
-            hub.call_soon(self.flush)
+            hub.call_later(0, self.flush)
         return True
 
     def _reply(self, message: Any, body: Any, queue: str | None) -> DeliveredReply | None:

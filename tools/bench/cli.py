@@ -18,6 +18,8 @@ prefetch), then measures:
   saga's work without its guarantees;
 - **saga**: the order saga, every guarantee on (outbox, inbox, ledgers, confirms, acks
   after commit), every step succeeding;
+- **saga_unbatched**: the order saga with group commit off (``SAGA_REPLY_BATCH=1``): each
+  reply its own Celery task and transaction, the lever's before beside its after;
 - **saga_mixed**: the same with 20% of sagas declined by payments and compensated.
 
 For each: throughput for a burst of N (first start to last final state), completion
@@ -55,6 +57,7 @@ CONFIGURATIONS = (
     "saga_floor",
     "durable_chain8",
     "saga",
+    "saga_unbatched",
     "saga_mixed",
     "dbos",
 )
@@ -240,7 +243,9 @@ def _main(args: Any, database_url: str, broker_url: str, vhost: str) -> int:
             elif name == "dbos":
                 results[name] = bench.dbos()
             else:
-                results[name] = bench.saga(mixed=name == "saga_mixed")
+                results[name] = bench.saga(
+                    mixed=name == "saga_mixed", batched=name != "saga_unbatched"
+                )
         sweep = web = None
         if args.sweep:
             reset_sagas(database_url)

@@ -313,7 +313,7 @@ class Bench:
             for e in executors:
                 e.stop()
 
-    def saga(self, mixed: bool) -> Result:
+    def saga(self, mixed: bool, *, batched: bool = True) -> Result:
         from participants.app import saga_app
 
         queues = [["saga.replies", "saga.maintenance"]] * self.args.orchestrators + [
@@ -321,10 +321,12 @@ class Bench:
             ["inventory.commands"],
             ["payments.commands"],
         ]
-        workers = self.workers("participants.app", queues, {}, label="app")
+        env = {} if batched else {"SAGA_REPLY_BATCH": "1"}
+        workers = self.workers("participants.app", queues, env, label="app")
         items = SagaItems(saga_app, self.engine, mixed)
+        name = "saga_mixed" if mixed else "saga" if batched else "saga_unbatched"
         try:
-            result = self.run("saga_mixed" if mixed else "saga", items, workers, self.args.sagas)
+            result = self.run(name, items, workers, self.args.sagas)
             result.extra["statuses"] = items.statuses()
             if not mixed and self.args.long:
                 result.extra["long"] = self.long_run(saga_app, workers, items.run_id)
