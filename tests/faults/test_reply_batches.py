@@ -130,12 +130,14 @@ def test_orchestrator_killed_while_a_batch_waits_mid_transaction(order_app, work
         )
         orchestrator = workers.orchestrator(env=BATCHING)
         wait_for(
-            lambda: scalar(
-                order_app.engine,
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND datname = current_database()",
-            )
-            > 0,
+            lambda: (
+                scalar(
+                    order_app.engine,
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                )
+                > 0
+            ),
             timeout=60,
             describe="a batch waiting for the saga row the test holds",
         )
