@@ -25,7 +25,8 @@ duplicates); committed commands not yet published are the outbox's to recover.
 What changes for people watching: Flower shows no task for a batched reply (it never
 becomes a Celery task); the saga's history, the dashboard and the metrics
 (``saga_messages_total``, ``saga_reply_batch_size``) show each one.
-``SAGA_REPLY_BATCH=1`` turns this off.
+``SAGA_REPLY_BATCH=1`` turns this off; it is on for the pools whose tasks run in the
+consumer's process (``-P solo``, ``-P threads``), off under prefork.
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ _NOTHING_TO_READ = (TimeoutError, BlockingIOError, InterruptedError)
 ``TimeoutError``)."""
 
 
+def in_process_pool(pool: Any) -> bool:
+    """Whether tasks of ``pool`` run in the consumer's own process (solo, threads).
+
+    A prefork parent must not apply batches: it would open database connections and a
+    sender thread in the process that forks the pool's children (a lock a thread holds
+    at a fork stays held in the child forever). Under prefork every reply is a task.
+    """
+    module = type(pool).__module__
+    return module in ("celery.concurrency.solo", "celery.concurrency.thread")
+
+
 class ReplyBatcher:
     """Buffers the replies a consumer receives and applies them a batch at a time."""
 
@@ -60,8 +72,8 @@ class ReplyBatcher:
     def take(self, message: Any, body: Any, queue: str | None) -> bool:
         """Buffer ``message`` if it is a first delivery of a reply; False to run it as a task."""
         hub = getattr(self._consumer, "hub", None)
-        if hub is None:
-            return False  # no event loop to flush from: every message is a task
+        if hub is None or not in_process_pool(getattr(self._consumer, "pool", None)):
+            return False  # no event loop to flush from, or a parent that forks: tasks
         reply = self._reply(message, body, queue)
         if reply is None:
             return False

@@ -37,10 +37,11 @@ from typing import Any
 from celery.worker.consumer import Consumer
 
 from saga_tasks.errors import ServiceUnavailable
+from saga_tasks.messaging.topology import REPLY_QUEUE
 from saga_tasks.observability import metrics
 from saga_tasks.persistence import storable
 from saga_tasks.runtime import invalid
-from saga_tasks.worker.batching import ReplyBatcher
+from saga_tasks.worker.batching import ReplyBatcher, in_process_pool
 
 log = logging.getLogger("saga_tasks.consumer")
 
@@ -65,6 +66,10 @@ class ImmediateAckConsumer(Consumer):
 
 
 class SagaConsumer(ImmediateAckConsumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(_reply_prefetch(kwargs))
+        super().__init__(*args, **kwargs)
+
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         handler = super().create_task_handler(*args, **kwargs)
         parts = getattr(self.app, "saga_parts", None)
@@ -204,6 +209,28 @@ class SagaConsumer(ImmediateAckConsumer):
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
         errors: tuple[type[BaseException], ...] = getattr(self, "connection_errors", ())
         return errors
+
+
+def _reply_prefetch(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A worker that batches replies holds at least a batch (its prefetch bounds one):
+    the prefetch count raised to ``SAGA_REPLY_BATCH``, and its multiplier with it."""
+    app, pool = kwargs.get("app"), kwargs.get("pool")
+    parts = getattr(app, "saga_parts", None)
+    if parts is None or parts.settings.reply_batch <= 1 or not in_process_pool(pool):
+        return {}
+    consumed = getattr(getattr(app, "amqp", None), "queues", None)
+    if REPLY_QUEUE not in (getattr(consumed, "consume_from", None) or {}):
+        return {}
+    count = int(kwargs.get("initial_prefetch_count") or 0)
+    batch = parts.settings.reply_batch
+    if not count or count >= batch:
+        return {}  # no prefetch limit at all, or one large enough
+    slots = max(int(getattr(pool, "limit", None) or 1), 1)
+    log.info("prefetch raised from %d to %d: a batch of replies (SAGA_REPLY_BATCH)", count, batch)
+    return {
+        "initial_prefetch_count": batch,
+        "prefetch_multiplier": max(int(kwargs.get("prefetch_multiplier") or 1), -(-batch // slots)),
+    }
 
 
 def _header(message: Any, name: str) -> str | None:

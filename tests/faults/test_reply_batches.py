@@ -3,7 +3,8 @@ orchestrator holds are applied in one transaction, a bad one fails alone, and a 
 any point of a batch loses and doubles nothing.
 
 Replies are made to pile up first (the participants run, the orchestrator does not), so
-the orchestrator starts with a queue of them and a prefetch of 16: batches fill. Rows one
+the orchestrator starts with a queue of them and holds 16 at a time (``SAGA_REPLY_BATCH``
+raises its prefetch to a batch): batches fill. Rows one
 transaction wrote share its ``xmin``: the number of distinct ``xmin`` among the first
 step's successes is the number of transactions that applied those replies.
 """
@@ -21,10 +22,17 @@ from sqlalchemy import text
 from saga_tasks.testing import queue_depths, wait_for
 from tests.helpers import ORDER, assert_each_effect_once, rows, scalar, statuses
 
-BATCHING = {"SAGA_PREFETCH_MULTIPLIER": "16", "SAGA_REPLY_BATCH": "16"}
+BATCHING = {"SAGA_PREFETCH_MULTIPLIER": "4", "SAGA_REPLY_BATCH": "16"}
+"""A prefetch of 4 asked for: a worker that batches replies holds a batch all the same."""
 FIRST_STEP_COMMITS = (
     "SELECT count(DISTINCT xmin::text) FROM saga.saga_history "
     "WHERE event = 'step_succeeded' AND step = 'create_order'"
+)
+
+
+LARGEST_FIRST_STEP_BATCH = (
+    "SELECT max(n) FROM (SELECT count(*) AS n FROM saga.saga_history "
+    "WHERE event = 'step_succeeded' AND step = 'create_order' GROUP BY xmin::text) AS batches"
 )
 
 
@@ -65,6 +73,8 @@ def test_replies_held_together_commit_together(order_app, workers):
     assert_each_effect_once(order_app, sagas)
     commits = scalar(order_app.engine, FIRST_STEP_COMMITS)
     assert commits < sagas / 2, f"{sagas} waiting replies applied in {commits} transactions"
+    largest = scalar(order_app.engine, LARGEST_FIRST_STEP_BATCH)
+    assert largest > 4, f"no batch larger than the prefetch of 4 asked for ({largest})"
 
 
 @pytest.mark.timeout(180)
@@ -182,3 +192,18 @@ def test_orchestrator_killed_after_a_batch_committed(order_app, workers):
         "SELECT count(*) FROM saga.saga_history WHERE event = 'duplicate_message'",
     )
     assert duplicates >= neighbours + 1, "every reply of the committed batch came again"
+
+
+@pytest.mark.timeout(180)
+def test_a_prefork_orchestrator_applies_each_reply_as_a_task(order_app, workers):
+    """The prefork parent forks the pool's children: it never opens a database
+    connection or a sender thread to apply a batch, so every reply runs in a child."""
+    sagas = 12
+    workers.participants()
+    _pile_up_replies(order_app, workers, sagas)
+
+    workers.orchestrator(pool="prefork", concurrency=2, env=BATCHING)
+    _all_completed(order_app, sagas)
+
+    assert_each_effect_once(order_app, sagas)
+    assert scalar(order_app.engine, FIRST_STEP_COMMITS) == sagas

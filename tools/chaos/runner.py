@@ -157,9 +157,13 @@ def chaos_processes(
     # participants run prefork (a crash costs a pool child), and beat's tasks (sweeps,
     # recovery and intake share one queue) have two solo workers: recovery killed by its
     # fault does not stop every sweep while its worker restarts. The killer's SIGKILLs
-    # still take down whole workers, solo and prefork alike.
+    # still take down whole workers, solo and prefork alike. Replies have two consumers:
+    # a prefork one (each reply a task) and a solo one that applies them in batches (group
+    # commit), whose crash faults kill it right after a batch's commit, so the other
+    # receives the batch's replies again (duplicates) while it restarts.
     specs = [
         ("orchestrator", ["saga.replies"], "prefork", 2),
+        ("orchestrator-batches", ["saga.replies"], "solo", 1),
         ("maintenance-a", ["saga.maintenance"], "solo", 1),
         ("maintenance-b", ["saga.maintenance"], "solo", 1),
         ("orders", ["orders.commands"], "prefork", 2),
