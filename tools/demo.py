@@ -166,14 +166,15 @@ def demo_processes(
     # Two inventory workers on one queue: when the crash fault kills one,
     # the other keeps the queue moving and gets the dead one's unacked messages.
     queues = {
-        "orchestrator": (["saga.replies", "saga.maintenance"], "prefork", 2),
+        # Solo: it applies the replies it holds in one transaction (group commit).
+        "orchestrator": (["saga.replies", "saga.maintenance"], "solo", 1),
         "orders": (["orders.commands"], "solo", 1),
         "inventory-a": (["inventory.commands"], "solo", 1),
         "inventory-b": (["inventory.commands"], "solo", 1),
         "payments": (["payments.commands"], "prefork", 2),
         "returns": (["returns.commands"], "solo", 1),
     }
-    # The orchestrator serves its counters (prefork: the children's, added up).
+    # The orchestrator serves its counters (under prefork: the children's, added up).
     prometheus_dir = STATE_DIR / "prometheus"
     shutil.rmtree(prometheus_dir, ignore_errors=True)
     prometheus_dir.mkdir(parents=True)
