@@ -91,9 +91,12 @@ class Participant:
         migrations: str | Path | None = None,
         max_in_flight: int | None = None,
         rate_limit: float | None = None,
+        batch: int = 1,
     ) -> None:
         if not name.isidentifier():
             raise ValueError(f"participant name {name!r} must be an identifier")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a whole number of commands, 1 or more, not {batch!r}")
         if (max_in_flight is not None and max_in_flight < 0) or (
             rate_limit is not None and rate_limit < 0
         ):
@@ -104,6 +107,11 @@ class Participant:
         A deployment's ``SAGA_MAX_IN_FLIGHT`` entry naming it overrides this."""
         self.rate_limit = rate_limit
         """Commands per second sent to its queue; None: ``SAGA_RATE_LIMIT``."""
+        self.batch = batch
+        """Commands a solo (or threads) worker runs in one transaction (group commit), out
+        of those it holds; 1: each its own Celery task. A rolled-back batch runs each
+        command again alone, so more than 1 only for handlers that touch nothing but this
+        participant's database (no calls out, no mail): they may run twice uncommitted."""
         self.schema = schema or name
         self.queue = queue or command_queue(name)
         self.migrations = Path(migrations) if migrations is not None else None

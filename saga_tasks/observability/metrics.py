@@ -42,15 +42,18 @@ TASKS_REFUSED = Counter(
     "message asking for follow-up work (chain, callbacks, a group); parked with the reason",
     ["queue"],
 )
-REPLY_BATCHES = Histogram(
-    "saga_reply_batch_size",
-    "Replies an orchestrator worker applied in one transaction (group commit)",
+BATCHES = Histogram(
+    "saga_batch_size",
+    "Messages a worker applied in one transaction (group commit): replies (consumer "
+    "orchestrator) or one participant's commands",
+    ["consumer"],
     buckets=(1, 2, 4, 8, 16, 32, 64),
 )
-REPLY_BATCHES_FAILED = Counter(
-    "saga_reply_batch_failed_total",
-    "Reply batches rolled back whole (one reply made no sense, a sender was refused, the "
-    "database failed): each of their replies was then applied alone",
+BATCHES_FAILED = Counter(
+    "saga_batch_failed_total",
+    "Batches rolled back whole (a message that made no sense, a refusal, a refused sender, "
+    "the database failing): each of their messages was then applied alone",
+    ["consumer"],
 )
 PUBLISH_FAILURES = Counter(
     "saga_publish_failures_total", "Publishes the broker did not confirm", ["path"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -58,6 +58,21 @@ SUPERSEDED = "superseded"
 
 def reply_id_for(command_id: str) -> str:
     return str(uuid.uuid5(_REPLY_NAMESPACE, f"{command_id}/reply"))
+
+
+class Unbatchable(Exception):
+    """A command of a batch must run alone (a hook probes it): the batch rolls back."""
+
+
+@dataclass(frozen=True)
+class DeliveredCommand:
+    """One command as the worker received it, for ``ParticipantRuntime.execute_batch``."""
+
+    handler: Handler
+    message_id: str
+    headers: Mapping[str, Any] | None
+    body: Any
+    sender: str | None
 
 
 @dataclass(frozen=True)
@@ -134,17 +149,7 @@ class ParticipantRuntime:
         with self.tracing.span(name, traceparent, **tracing.attributes(headers)):
             engine = self._engine()
             try:
-                refused = self.senders.refusal(
-                    sender, self.participant.queue, f"command for {handler.task_name}"
-                )
-                if refused is not None:
-                    metrics.SENDERS_REFUSED.labels(consumer=self.participant.name).inc()
-                    raise SenderRefused(refused)
-                command = parse_command(message_id, headers, body)
-                if command.kind is not handler.kind:
-                    raise InvalidMessage(
-                        f"a {command.kind.value} message reached {handler.task_name}"
-                    )
+                command, fields = self._read(handler, message_id, headers, body, sender)
             except InvalidMessage as exc:
                 invalid.observe(
                     consumer=self.participant.name,
@@ -156,17 +161,6 @@ class ParticipantRuntime:
                 if raise_invalid:
                     raise
                 return "invalid"
-            fields = {
-                "saga_id": command.saga_id,
-                "saga_type": command.headers.get(H_SAGA_TYPE),
-                "message_id": message_id,
-                "causation_id": command.headers.get(H_CAUSATION_ID),
-                "step": command.step,
-                "command_id": command.command_id,
-                "participant": self.participant.name,
-                "correlation_id": command.correlation_id,
-                "trace_id": tracing.trace_id(command.traceparent),
-            }
             retries = int((headers or {}).get("saga_retry") or 0)
             fresh = not redelivered and command.attempt == 1 and retries == 0
             probe = self.hooks.command(
@@ -201,21 +195,102 @@ class ParticipantRuntime:
             self._outlet().send(self.participant.outbox, [reply])
             if probe is not None:
                 probe.sent(reply, self._publisher())
-            outcome = "duplicate" if duplicate else str(reply.body.get("outcome"))
-            metrics.MESSAGES.labels(
-                consumer=self.participant.name,
-                classification="duplicate" if duplicate else "accepted",
-            ).inc()
-            # The command's state in the ledger before and after this message.
-            after = str(reply.body.get("outcome"))
-            before = after if duplicate else "new"
-            log.info(
-                "%s handled: %s",
-                handler.task_name,
-                outcome,
-                extra={**fields, "status_before": before, "status_after": after},
+            return self._handled(handler, reply, duplicate=duplicate, fields=fields)
+
+    def execute_batch(self, commands: Sequence[DeliveredCommand]) -> list[str]:
+        """Run first deliveries of several commands in one transaction (group commit), or
+        none of them: what each returned, as ``execute`` says it.
+
+        Anything but a success or a duplicate (a refusal, an exception of a handler, a
+        message that makes no sense, a refused sender, a command a hook wants to probe,
+        the database away) raises and rolls the whole batch back; the caller then runs
+        each command alone (``execute``), where it succeeds or fails as it would have.
+        So a handler may run more than once before its effect commits, as after any
+        crash: only a participant whose handlers touch nothing but its own database says
+        ``batch=`` (``Participant``).
+        """
+        read = []
+        for delivered in commands:
+            command, fields = self._read(
+                delivered.handler,
+                delivered.message_id,
+                delivered.headers,
+                delivered.body,
+                delivered.sender,
             )
-            return outcome
+            if self.hooks.command(
+                delivered.handler.task_name, command, fresh=True, retries=0, fields=fields
+            ):
+                raise Unbatchable(f"a hook probes {delivered.handler.task_name}")
+            read.append((delivered.handler, command, fields))
+        engine = self._engine()
+        with translated(engine.url), engine.begin() as conn:
+            done = [
+                (handler, fields, *self._handle(conn, handler, command, None, fields))
+                for handler, command, fields in read
+            ]
+        self._outlet().send(self.participant.outbox, [reply for _, _, reply, _ in done])
+        return [
+            self._handled(handler, reply, duplicate=duplicate, fields=fields)
+            for handler, fields, reply, duplicate in done
+        ]
+
+    def _read(
+        self,
+        handler: Handler,
+        message_id: str,
+        headers: Mapping[str, Any] | None,
+        body: Any,
+        sender: str | None,
+    ) -> tuple[Command, dict[str, Any]]:
+        """The command a delivery carries and its log fields; ``SenderRefused`` (counted)
+        or ``InvalidMessage`` when it may not run here."""
+        refused = self.senders.refusal(
+            sender, self.participant.queue, f"command for {handler.task_name}"
+        )
+        if refused is not None:
+            metrics.SENDERS_REFUSED.labels(consumer=self.participant.name).inc()
+            raise SenderRefused(refused)
+        command = parse_command(message_id, headers, body)
+        if command.kind is not handler.kind:
+            raise InvalidMessage(f"a {command.kind.value} message reached {handler.task_name}")
+        fields = {
+            "saga_id": command.saga_id,
+            "saga_type": command.headers.get(H_SAGA_TYPE),
+            "message_id": message_id,
+            "causation_id": command.headers.get(H_CAUSATION_ID),
+            "step": command.step,
+            "command_id": command.command_id,
+            "participant": self.participant.name,
+            "correlation_id": command.correlation_id,
+            "trace_id": tracing.trace_id(command.traceparent),
+        }
+        return command, fields
+
+    def _handled(
+        self,
+        handler: Handler,
+        reply: OutboundMessage,
+        *,
+        duplicate: bool,
+        fields: Mapping[str, Any],
+    ) -> str:
+        """Count and log a command once its transaction committed; what happened."""
+        outcome = "duplicate" if duplicate else str(reply.body.get("outcome"))
+        metrics.MESSAGES.labels(
+            consumer=self.participant.name,
+            classification="duplicate" if duplicate else "accepted",
+        ).inc()
+        # The command's state in the ledger before and after this message.
+        after = str(reply.body.get("outcome"))
+        before = after if duplicate else "new"
+        log.info(
+            "%s handled: %s",
+            handler.task_name,
+            outcome,
+            extra={**fields, "status_before": before, "status_after": after},
+        )
+        return outcome
 
     def recover_outbox(self, *, min_age: float, batch: int) -> int:
         """Publish this participant's replies whose publish-after-commit did not happen

@@ -1,4 +1,4 @@
-"""Group commit of replies: the replies an orchestrator worker holds, in one transaction.
+"""Group commit: the replies (or commands) a worker holds, applied in one transaction.
 
 A reply costs a Celery task (a request, its trace, three events with ``-E``), a
 transaction (begin, claim and lock, write, commit: a WAL flush) and a hand-off to the
@@ -22,9 +22,15 @@ it commits leaves every reply of the batch unacked (redelivered, applied alone),
 killed after leaves them committed with their inbox rows (redelivered, ignored as
 duplicates); committed commands not yet published are the outbox's to recover.
 
-What changes for people watching: Flower shows no task for a batched reply (it never
+A participant that says ``batch=`` (``Participant``) has its commands run the same way:
+one transaction of its database for the commands its worker holds (ledger claims,
+handlers, replies in its outbox), one commit, then each acked; any failure (a refusal
+included) rolls the batch back and each command runs alone as its task. A command a hook
+probes (the demo's faults) is never batched.
+
+What changes for people watching: Flower shows no task for a batched message (it never
 becomes a Celery task); the saga's history, the dashboard and the metrics
-(``saga_messages_total``, ``saga_reply_batch_size``) show each one.
+(``saga_messages_total``, ``saga_batch_size``) show each one.
 ``SAGA_REPLY_BATCH=1`` turns this off; it is on for the pools whose tasks run in the
 consumer's process (``-P solo``, ``-P threads``), off under prefork.
 """
@@ -32,13 +38,15 @@ consumer's process (``-P solo``, ``-P threads``), off under prefork.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from saga_tasks.core.messages import REPLY_TASK
 from saga_tasks.messaging.topology import REPLY_QUEUE
 from saga_tasks.observability import metrics
+from saga_tasks.persistence.tables import ORCHESTRATOR
 from saga_tasks.runtime.orchestrator import DeliveredReply
+from saga_tasks.runtime.participant import DeliveredCommand, ParticipantRuntime
 
 log = logging.getLogger("saga_tasks.worker.batching")
 
@@ -52,51 +60,88 @@ def in_process_pool(pool: Any) -> bool:
 
     A prefork parent must not apply batches: it would open database connections and a
     sender thread in the process that forks the pool's children (a lock a thread holds
-    at a fork stays held in the child forever). Under prefork every reply is a task.
+    at a fork stays held in the child forever). Under prefork every message is a task.
     """
     module = type(pool).__module__
     return module in ("celery.concurrency.solo", "celery.concurrency.thread")
 
 
-class ReplyBatcher:
-    """Buffers the replies a consumer receives and applies them a batch at a time."""
+def batch_sizes(parts: Any) -> dict[str, int]:
+    """The queues whose first deliveries are batched, and the size of a batch of each."""
+    sizes = {REPLY_QUEUE: parts.settings.reply_batch}
+    for runtime in parts.runtimes.values():
+        queue = runtime.participant.queue
+        sizes[queue] = min(sizes.get(queue, runtime.participant.batch), runtime.participant.batch)
+    return {queue: size for queue, size in sizes.items() if size > 1}
 
-    def __init__(self, consumer: Any, handler: Callable[[Any], Any], parts: Any) -> None:
+
+def batchers(consumer: Any, handler: Callable[[Any], Any], parts: Any) -> dict[str, Batcher]:
+    """A batcher per queue that batches (two participants sharing a queue: neither)."""
+    found: dict[str, Batcher] = {}
+    shared = _shared_queues(parts.runtimes)
+    for queue, size in batch_sizes(parts).items():
+        if queue == REPLY_QUEUE:
+            found[queue] = ReplyBatcher(consumer, handler, parts, size)
+        elif queue not in shared:
+            runtime = next(r for r in parts.runtimes.values() if r.participant.queue == queue)
+            found[queue] = CommandBatcher(consumer, handler, parts, size, runtime)
+    return found
+
+
+def _shared_queues(runtimes: Mapping[str, ParticipantRuntime]) -> set[str]:
+    seen: set[str] = set()
+    shared: set[str] = set()
+    for runtime in runtimes.values():
+        queue = runtime.participant.queue
+        (shared if queue in seen else seen).add(queue)
+    return shared
+
+
+class Batcher:
+    """Buffers the first deliveries of one queue and applies them a batch at a time."""
+
+    consumer_name = ORCHESTRATOR
+
+    def __init__(
+        self, consumer: Any, handler: Callable[[Any], Any], parts: Any, limit: int
+    ) -> None:
         self._consumer = consumer
         self._handler = handler
         self._parts = parts
-        self.limit: int = parts.settings.reply_batch
-        self._pending: list[tuple[Any, DeliveredReply]] = []
+        self.limit = limit
+        self._pending: list[tuple[Any, Any]] = []
         self._scheduled = False
 
-    def take(self, message: Any, body: Any, queue: str | None) -> bool:
-        """Buffer ``message`` if it is a first delivery of a reply; False to run it as a task."""
+    def take(self, message: Any, body: Any) -> bool:
+        """Buffer ``message`` if it is a first delivery this batcher can read; False to run
+        it as a task."""
         hub = getattr(self._consumer, "hub", None)
         if hub is None or not in_process_pool(getattr(self._consumer, "pool", None)):
             return False  # no event loop to flush from, or a parent that forks: tasks
-        reply = self._reply(message, body, queue)
-        if reply is None:
+        item = self._read(message, body)
+        if item is None:
             return False
-        self._pending.append((message, reply))
+        self._pending.append((message, item))
         if not self._scheduled:
             # A timer due now, not call_soon: the hub fires timers after this pass of
             # ready callbacks and before it polls, while a callback scheduled from inside
             # one of kombu's own ready callbacks (its reader re-schedules itself) waits
             # for the next poll to return: with the prefetch window full of held
-            # replies, that is the next timer, up to a second later.
+            # messages, that is the next timer, up to a second later.
             self._scheduled = True
             hub.call_later(0, self.flush)
         return True
 
-    def _reply(self, message: Any, body: Any, queue: str | None) -> DeliveredReply | None:
+    def _read(self, message: Any, body: Any) -> Any:
+        """The item to batch, or None when the message must run as its task."""
         headers = getattr(message, "headers", None)
         delivery = getattr(message, "delivery_info", None) or {}
         if (
-            queue != REPLY_QUEUE
-            or not isinstance(headers, dict)
-            or headers.get("task") != REPLY_TASK
+            not isinstance(headers, dict)
             or delivery.get("redelivered")
             or headers.get("eta")
+            or headers.get("retries")
+            or headers.get("saga_retry")
             or not isinstance(headers.get("id"), str)
         ):
             return None
@@ -105,12 +150,13 @@ class ReplyBatcher:
         args, kwargs, _embed = body
         if not isinstance(kwargs, dict) or not isinstance(args, (list, tuple)):
             return None
-        return DeliveredReply(
-            message_id=headers["id"],
-            headers=headers,
-            body=kwargs if not args else {"args": list(args), **kwargs},
-            sender=self._parts.failures.sender(message),
-        )
+        return self._item(message, headers, kwargs if not args else {"args": list(args), **kwargs})
+
+    def _item(self, message: Any, headers: dict[str, Any], body: Any) -> Any:
+        raise NotImplementedError
+
+    def _apply_items(self, items: Sequence[Any]) -> None:
+        raise NotImplementedError
 
     def flush(self) -> None:
         """Read what the socket already holds (up to the limit), then apply the batch."""
@@ -130,28 +176,78 @@ class ReplyBatcher:
         if failure is not None:
             raise failure  # a lost connection: Celery's loop restarts the consumer
 
-    def _apply(self, batch: list[tuple[Any, DeliveredReply]]) -> None:
+    def _apply(self, batch: list[tuple[Any, Any]]) -> None:
         if not batch:
             return
         try:
-            self._parts.orchestrator.handle_replies([reply for _, reply in batch])
-        except Exception as exc:  # noqa: BLE001 - every reply is then applied alone
-            metrics.REPLY_BATCHES_FAILED.inc()
+            self._apply_items([item for _, item in batch])
+        except Exception as exc:  # noqa: BLE001 - every message is then applied alone
+            metrics.BATCHES_FAILED.labels(consumer=self.consumer_name).inc()
             first = batch[0][1]
             log.warning(
-                "reply batch of %d rolled back (%s: %s); applying each reply alone",
+                "batch of %d rolled back (%s: %s); applying each message alone",
                 len(batch),
                 type(exc).__name__,
                 str(exc).splitlines()[0][:200] if str(exc) else "",
                 extra={
                     "message_id": first.message_id,
                     "saga_id": (first.headers or {}).get("saga_id"),
+                    "consumer": self.consumer_name,
                 },
             )
             for message, _ in batch:
                 self._handler(message)
             return
-        metrics.REPLY_BATCHES.observe(len(batch))
+        metrics.BATCHES.labels(consumer=self.consumer_name).observe(len(batch))
         errors = getattr(self._consumer, "connection_errors", ())
         for message, _ in batch:
             message.ack_log_error(log, errors)
+
+
+class ReplyBatcher(Batcher):
+    """Replies, applied by ``Orchestrator.handle_replies``."""
+
+    def _item(self, message: Any, headers: dict[str, Any], body: Any) -> DeliveredReply | None:
+        if headers.get("task") != REPLY_TASK:
+            return None
+        return DeliveredReply(
+            message_id=headers["id"],
+            headers=headers,
+            body=body,
+            sender=self._parts.failures.sender(message),
+        )
+
+    def _apply_items(self, items: Sequence[Any]) -> None:
+        self._parts.orchestrator.handle_replies(items)
+
+
+class CommandBatcher(Batcher):
+    """One participant's commands, run by ``ParticipantRuntime.execute_batch``."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        handler: Callable[[Any], Any],
+        parts: Any,
+        limit: int,
+        runtime: ParticipantRuntime,
+    ) -> None:
+        super().__init__(consumer, handler, parts, limit)
+        self._runtime = runtime
+        self.consumer_name = runtime.participant.name
+        self._handlers = {h.task_name: h for h in runtime.participant.handlers.values()}
+
+    def _item(self, message: Any, headers: dict[str, Any], body: Any) -> DeliveredCommand | None:
+        handler = self._handlers.get(headers.get("task"))  # type: ignore[arg-type]
+        if handler is None:
+            return None
+        return DeliveredCommand(
+            handler=handler,
+            message_id=headers["id"],
+            headers=headers,
+            body=body,
+            sender=self._parts.failures.sender(message),
+        )
+
+    def _apply_items(self, items: Sequence[Any]) -> None:
+        self._runtime.execute_batch(items)

@@ -37,11 +37,10 @@ from typing import Any
 from celery.worker.consumer import Consumer
 
 from saga_tasks.errors import ServiceUnavailable
-from saga_tasks.messaging.topology import REPLY_QUEUE
 from saga_tasks.observability import metrics
 from saga_tasks.persistence import storable
 from saga_tasks.runtime import invalid
-from saga_tasks.worker.batching import ReplyBatcher, in_process_pool
+from saga_tasks.worker.batching import batch_sizes, batchers, in_process_pool
 
 log = logging.getLogger("saga_tasks.consumer")
 
@@ -67,15 +66,13 @@ class ImmediateAckConsumer(Consumer):
 
 class SagaConsumer(ImmediateAckConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.update(_reply_prefetch(kwargs))
+        kwargs.update(_batch_prefetch(kwargs))
         super().__init__(*args, **kwargs)
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         handler = super().create_task_handler(*args, **kwargs)
         parts = getattr(self.app, "saga_parts", None)
-        batcher = None
-        if parts is not None and parts.settings.reply_batch > 1:
-            batcher = ReplyBatcher(self, handler, parts)
+        batching = batchers(self, handler, parts) if parts is not None else {}
 
         def on_task_received(message: Any) -> Any:
             try:
@@ -85,8 +82,10 @@ class SagaConsumer(ImmediateAckConsumer):
             refused = self._refusal(message, body)
             if refused is not None:
                 return refused
-            if batcher is not None and batcher.take(message, body, self._queue_of(message, parts)):
-                return None
+            if batching:
+                batcher = batching.get(self._queue_of(message, parts) or "")
+                if batcher is not None and batcher.take(message, body):
+                    return None
             return handler(message)
 
         return on_task_received
@@ -211,22 +210,22 @@ class SagaConsumer(ImmediateAckConsumer):
         return errors
 
 
-def _reply_prefetch(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A worker that batches replies holds at least a batch (its prefetch bounds one):
-    the prefetch count raised to ``SAGA_REPLY_BATCH``, and its multiplier with it."""
+def _batch_prefetch(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A worker that batches holds at least a batch (its prefetch bounds one): the
+    prefetch count raised to the largest batch of the queues it consumes that batch
+    (``SAGA_REPLY_BATCH``, a participant's ``batch=``), and its multiplier with it."""
     app, pool = kwargs.get("app"), kwargs.get("pool")
     parts = getattr(app, "saga_parts", None)
-    if parts is None or parts.settings.reply_batch <= 1 or not in_process_pool(pool):
+    if parts is None or not in_process_pool(pool):
         return {}
     consumed = getattr(getattr(app, "amqp", None), "queues", None)
-    if REPLY_QUEUE not in (getattr(consumed, "consume_from", None) or {}):
-        return {}
+    consumed = getattr(consumed, "consume_from", None) or {}
+    batch = max((n for q, n in batch_sizes(parts).items() if q in consumed), default=1)
     count = int(kwargs.get("initial_prefetch_count") or 0)
-    batch = parts.settings.reply_batch
-    if not count or count >= batch:
-        return {}  # no prefetch limit at all, or one large enough
+    if batch <= 1 or not count or count >= batch:
+        return {}  # nothing batched here, no prefetch limit at all, or one large enough
     slots = max(int(getattr(pool, "limit", None) or 1), 1)
-    log.info("prefetch raised from %d to %d: a batch of replies (SAGA_REPLY_BATCH)", count, batch)
+    log.info("prefetch raised from %d to %d: a batch (group commit)", count, batch)
     return {
         "initial_prefetch_count": batch,
         "prefetch_multiplier": max(int(kwargs.get("prefetch_multiplier") or 1), -(-batch // slots)),

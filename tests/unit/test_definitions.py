@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_tasks import saga, step
+from saga_tasks import Participant, saga, step
 from saga_tasks.core.definitions import LateReplyPolicy, RetryPolicy
 from saga_tasks.errors import (
     DefinitionError,
@@ -228,3 +228,14 @@ def test_the_app_refuses_task_names_of_two_participants_for_one_step():
     )
     with pytest.raises(CrossParticipantCompensation, match="belongs to orders"):
         SagaApp(sagas=[by_name], participants=[orders, inventory], settings=settings)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "16", None])
+def test_a_participant_batch_is_a_whole_number_of_commands(bad):
+    with pytest.raises(ValueError, match="batch must be a whole number of commands"):
+        Participant("orders", batch=bad)
+
+
+def test_a_participant_runs_each_command_alone_unless_it_says_batch():
+    assert Participant("orders").batch == 1
+    assert Participant("orders", batch=16).batch == 16
