@@ -282,6 +282,13 @@ class Settings:
         4,
         "Unacknowledged messages a worker process may hold, per pool slot; at least 1.",
     )
+    group_commit: bool = _env(
+        "SAGA_GROUP_COMMIT",
+        True,
+        "0 runs every reply and command as its own Celery task and transaction, whatever "
+        "SAGA_REPLY_BATCH and the participants' batch= say (every message then shows in "
+        "Flower).",
+    )
     reply_batch: int = _env(
         "SAGA_REPLY_BATCH",
         16,

@@ -68,6 +68,8 @@ def in_process_pool(pool: Any) -> bool:
 
 def batch_sizes(parts: Any) -> dict[str, int]:
     """The queues whose first deliveries are batched, and the size of a batch of each."""
+    if not parts.settings.group_commit:
+        return {}
     sizes = {REPLY_QUEUE: parts.settings.reply_batch}
     for runtime in parts.runtimes.values():
         queue = runtime.participant.queue

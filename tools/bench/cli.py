@@ -18,8 +18,8 @@ prefetch), then measures:
   saga's work without its guarantees;
 - **saga**: the order saga, every guarantee on (outbox, inbox, ledgers, confirms, acks
   after commit), every step succeeding;
-- **saga_unbatched**: the order saga with group commit off (``SAGA_REPLY_BATCH=1``): each
-  reply its own Celery task and transaction, the lever's before beside its after;
+- **saga_unbatched**: the order saga with group commit off (``SAGA_GROUP_COMMIT=0``): each
+  reply and command its own Celery task and transaction, the lever's before beside its after;
 - **saga_mixed**: the same with 20% of sagas declined by payments and compensated.
 
 For each: throughput for a burst of N (first start to last final state), completion

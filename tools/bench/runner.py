@@ -321,7 +321,7 @@ class Bench:
             ["inventory.commands"],
             ["payments.commands"],
         ]
-        env = {} if batched else {"SAGA_REPLY_BATCH": "1"}
+        env = {} if batched else {"SAGA_GROUP_COMMIT": "0"}
         workers = self.workers("participants.app", queues, env, label="app")
         items = SagaItems(saga_app, self.engine, mixed)
         name = "saga_mixed" if mixed else "saga" if batched else "saga_unbatched"
