@@ -406,6 +406,7 @@ class Orchestrator:
             read.append((saga_id, reply, delivered))
         in_lock_order = sorted(range(len(read)), key=lambda i: read[i][0])
         outcomes: list[_ReplyOutcome | None] = [None] * len(read)
+        touched: set[str] = set()
         with translated(self.engine.url), self.engine.begin() as conn:
             for i in in_lock_order:
                 saga_id, reply, delivered = read[i]
@@ -414,13 +415,24 @@ class Orchestrator:
                 attributes = tracing.attributes(headers)
                 with self.tracing.span(f"saga.reply {reply.step}", traceparent, **attributes):
                     outcome = self._decide_reply(
-                        conn, saga_id, reply, delivered.message_id, sender=delivered.sender, now=now
+                        conn,
+                        saga_id,
+                        reply,
+                        delivered.message_id,
+                        sender=delivered.sender,
+                        now=now,
+                        touched=touched,
                     )
                 if outcome.invalid is not None:
                     raise InvalidMessage(outcome.invalid)  # rolls the batch back
                 outcomes[i] = outcome
+            # The queues' releases once every saga is locked: saga locks first, queue locks
+            # (in queue order) after, as in every other deciding transaction. A release per
+            # reply would hold a queue's lock while waiting for the next saga: a cycle with
+            # a transaction that holds that saga and releases the queue.
+            released = self.flow.release(conn, touched) if touched else []
         decided = [o for o in outcomes if o is not None]
-        return self._after_replies(decided, redelivered=False)
+        return self._after_replies(decided, redelivered=False, released=released)
 
     def _decide_reply(
         self,
@@ -431,10 +443,12 @@ class Orchestrator:
         *,
         sender: str | None,
         now: datetime,
+        touched: set[str] | None = None,
     ) -> _ReplyOutcome:
         """Claim, lock, decide and write one reply in ``conn``'s transaction (its
         ``invalid`` names why a reply makes no sense); raises ``SenderRefused`` for a sender
-        that may not send it."""
+        that may not send it. With ``touched``, the queues whose room may have changed are
+        added to it, left for the caller to release, instead of released here."""
         new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
         if state is not None and self.senders.enforced:
             # The inbox claim and the lock roll back with this: a refused reply
@@ -457,18 +471,25 @@ class Orchestrator:
             return _ReplyOutcome(
                 message_id, reply.step, saga_id, None, invalid=f"reply for unknown saga {saga_id}"
             )
-        decision, messages = self._apply(conn, state, reply, now, causation_id=message_id)
+        decision, messages = self._apply(
+            conn, state, reply, now, causation_id=message_id, touched=touched
+        )
         invalid = None
         if decision.classification is Classification.INVALID:
             invalid = next((h.reason or "" for h in decision.history), "")
         return _ReplyOutcome(message_id, reply.step, saga_id, state, decision, messages, invalid)
 
     def _after_replies(
-        self, outcomes: Sequence[_ReplyOutcome], *, redelivered: bool
+        self,
+        outcomes: Sequence[_ReplyOutcome],
+        *,
+        redelivered: bool,
+        released: Sequence[OutboundMessage] = (),
     ) -> list[Classification]:
-        """Once the replies' transaction committed: count, log, probe, send."""
+        """Once the replies' transaction committed: count, log, probe, send (with the
+        commands that transaction ``released``, when it released them itself)."""
         probes = []
-        messages: list[OutboundMessage] = []
+        messages: list[OutboundMessage] = list(released)
         for o in outcomes:
             if o.decision is None or o.state is None:
                 metrics.MESSAGES.labels(consumer=ORCHESTRATOR, classification="duplicate").inc()
@@ -507,6 +528,7 @@ class Orchestrator:
         *,
         causation_id: str | None = None,
         actor: str = sagas.SYSTEM_ACTOR,
+        touched: set[str] | None = None,
     ) -> tuple[Decision, list[OutboundMessage]]:
         """The one path of every event but the start, the sweep and a signal (which
         decides before it checks the version): decide on the locked saga and write the
@@ -514,7 +536,14 @@ class Orchestrator:
         definition = self.registry.get(state.saga_type, state.definition_version)
         decision = decide(definition, state, event, now)
         messages = self._write_decision(
-            conn, definition, state, decision, now=now, causation_id=causation_id, actor=actor
+            conn,
+            definition,
+            state,
+            decision,
+            now=now,
+            causation_id=causation_id,
+            actor=actor,
+            touched=touched,
         )
         return decision, messages
 
@@ -528,10 +557,12 @@ class Orchestrator:
         now: datetime,
         causation_id: str | None,
         actor: str = sagas.SYSTEM_ACTOR,
+        touched: set[str] | None = None,
     ) -> list[OutboundMessage]:
         """State (compare-and-set), history, outbox and commands waiting for capacity of
         one decision, in ``conn``'s tx: one statement, then the release of what fits in
-        the queues it touched (two more, under flow control)."""
+        the queues it touched (two more, under flow control); with ``touched``, those
+        queues are added to it for the caller to release once, after its last saga lock."""
         changes = sagas.Changes()
         if decision.changed:
             changes.save(state, decision.state, [s.name for s in definition.steps])
@@ -540,11 +571,14 @@ class Orchestrator:
             command_message(self.topology, decision.state, c, causation_id=causation_id)
             for c in decision.commands
         ]
-        touched = self.flow.stage(
+        queues = self.flow.stage(
             conn, changes, definition=definition, old=state, new=decision.state, messages=messages
         )
         sagas.write_changes(conn, changes, now)
-        return changes.messages + self.flow.release(conn, touched)
+        if touched is not None:
+            touched |= queues
+            return changes.messages
+        return changes.messages + self.flow.release(conn, queues)
 
     # -- operators and dead letters ---------------------------------------------------------
 

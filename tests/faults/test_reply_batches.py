@@ -18,6 +18,7 @@ import uuid
 import pytest
 from kombu import Connection
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from saga_tasks.testing import queue_depths, wait_for
 from tests.helpers import ORDER, assert_each_effect_once, rows, scalar, statuses
@@ -207,3 +208,50 @@ def test_a_prefork_orchestrator_applies_each_reply_as_a_task(order_app, workers)
 
     assert_each_effect_once(order_app, sagas)
     assert scalar(order_app.engine, FIRST_STEP_COMMITS) == sagas
+
+
+@pytest.mark.timeout(180)
+def test_a_batch_waiting_for_a_saga_holds_no_queue_lock(order_app, workers):
+    """Flow control (on by default) releases a queue's waiting commands under that
+    queue's advisory lock, held until commit. Every deciding transaction (one reply, an
+    operator's action, the sweeper) locks its sagas first and its queues after. A batch
+    must keep that order: one that took a queue's lock for an earlier reply and then
+    waits for a saga such a transaction holds closes a cycle (a deadlock: one of the two
+    is rolled back by PostgreSQL)."""
+    sagas = 24
+    workers.participants()
+    handles = _pile_up_replies(order_app, workers, sagas)
+    held = max(h.saga_id for h in handles)  # locked last in whichever batch it is in
+    touched = ["inventory.commands", "orders.commands"]  # a create_order reply's queues
+    assert set(touched) <= set(order_app.orchestrator.flow.limits)
+
+    with order_app.engine.connect() as other:
+        # Another deciding transaction on `held`: its saga locked first...
+        other.execute(
+            text("SELECT 1 FROM saga.saga_instance WHERE saga_id = :s FOR UPDATE"), {"s": held}
+        )
+        orchestrator = workers.orchestrator(env=BATCHING)
+        wait_for(
+            lambda: (
+                scalar(
+                    order_app.engine,
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                )
+                > 0
+            ),
+            timeout=60,
+            describe="a batch waiting for the saga row the test holds",
+        )
+        # ... then the release of the queues its decision touched, as _write_decision does.
+        try:
+            order_app.orchestrator.flow.release(other, touched)
+        except OperationalError as exc:
+            pytest.fail(f"the batch and a one-saga transaction deadlocked: {exc.orig}")
+        finally:
+            other.rollback()
+
+    _all_completed(order_app, sagas)
+    assert_each_effect_once(order_app, sagas)
+    # PostgreSQL breaks a deadlock by rolling back one side: the test's (above) or the batch.
+    assert "rolled back (ConcurrencyConflict" not in orchestrator.log_text()
