@@ -356,10 +356,12 @@ class Orchestrator:
                 return Classification.INVALID
 
     @staticmethod
-    def _refuse_sender(reason: str | None) -> None:
-        """Raise ``SenderRefused`` (counted) with ``reason``, if there is one."""
+    def _refuse_sender(reason: str | None, *, count: bool = True) -> None:
+        """Raise ``SenderRefused`` (counted, unless not ``count``) with ``reason``, if
+        there is one."""
         if reason is not None:
-            metrics.SENDERS_REFUSED.labels(consumer=ORCHESTRATOR).inc()
+            if count:
+                metrics.SENDERS_REFUSED.labels(consumer=ORCHESTRATOR).inc()
             raise SenderRefused(reason)
 
     def step_queue(self, state: SagaState, step: str) -> str | None:
@@ -401,7 +403,8 @@ class Orchestrator:
         now = self.clock.now()
         read = []
         for delivered in replies:
-            self._refuse_sender(self.senders.stranger(delivered.sender, "reply"))
+            # Not counted here: the batch rolls back and the reply, applied alone, counts it.
+            self._refuse_sender(self.senders.stranger(delivered.sender, "reply"), count=False)
             saga_id, reply = parse_reply(delivered.message_id, delivered.headers, delivered.body)
             read.append((saga_id, reply, delivered))
         in_lock_order = sorted(range(len(read)), key=lambda i: read[i][0])
@@ -422,6 +425,7 @@ class Orchestrator:
                         sender=delivered.sender,
                         now=now,
                         touched=touched,
+                        count_refusal=False,
                     )
                 if outcome.invalid is not None:
                     raise InvalidMessage(outcome.invalid)  # rolls the batch back
@@ -444,18 +448,21 @@ class Orchestrator:
         sender: str | None,
         now: datetime,
         touched: set[str] | None = None,
+        count_refusal: bool = True,
     ) -> _ReplyOutcome:
         """Claim, lock, decide and write one reply in ``conn``'s transaction (its
         ``invalid`` names why a reply makes no sense); raises ``SenderRefused`` for a sender
         that may not send it. With ``touched``, the queues whose room may have changed are
-        added to it, left for the caller to release, instead of released here."""
+        added to it, left for the caller to release, instead of released here; a refusal
+        is counted unless ``count_refusal`` is False (a batch: its replies are applied
+        again alone, and counted then)."""
         new, state = sagas.claim_and_lock(conn, ORCHESTRATOR, message_id, saga_id)
         if state is not None and self.senders.enforced:
             # The inbox claim and the lock roll back with this: a refused reply
             # leaves no trace but its record, and cannot pre-empt a real one.
             step_queue = self.step_queue(state, reply.step)
             what = f"reply for step {reply.step!r}"
-            self._refuse_sender(self.senders.refusal(sender, step_queue, what))
+            self._refuse_sender(self.senders.refusal(sender, step_queue, what), count=count_refusal)
         if not new:
             if state is not None:
                 sagas.append_note(

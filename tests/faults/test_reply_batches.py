@@ -255,3 +255,41 @@ def test_a_batch_waiting_for_a_saga_holds_no_queue_lock(order_app, workers):
     assert_each_effect_once(order_app, sagas)
     # PostgreSQL breaks a deadlock by rolling back one side: the test's (above) or the batch.
     assert "rolled back (ConcurrencyConflict" not in orchestrator.log_text()
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_sender_in_a_batch_is_counted_once(order_app, settings):
+    """A batch holding a reply from a refused sender rolls back whole, and the batcher
+    hands each of its messages to the reply task (``handle_reply``), which refuses and
+    counts that one: the batch itself must count nothing (nothing of a rolled-back
+    batch is written, counted or sent). Both refusal points: a stranger (checked before
+    anything), and a service user that does not own the step's queue (checked once the
+    saga is locked). The batcher's sequence, replayed in this process."""
+    from saga_tasks.core.senders import Senders
+    from saga_tasks.errors import SenderRefused
+    from saga_tasks.observability import metrics
+    from saga_tasks.persistence.tables import ORCHESTRATOR
+    from saga_tasks.runtime.orchestrator import DeliveredReply
+    from tests.helpers import drain, run_command
+
+    url = settings.broker_url
+    order_app.start_saga("order", "b-refused", ORDER)
+    run_command(order_app, drain(url, "orders.commands")[0])
+    (reply,) = drain(url, "saga.replies")
+    orchestrator = order_app.orchestrator
+    orchestrator.senders = Senders(
+        prefix="t-", participants={"orders.commands": "orders", "inventory.commands": "inventory"}
+    )
+    refused = metrics.SENDERS_REFUSED.labels(consumer=ORCHESTRATOR)
+    before = refused._value.get()
+    for sender in ("t-intruder", "t-inventory"):
+        headers, kwargs = reply["headers"], reply["kwargs"]
+        with pytest.raises(SenderRefused):  # the batch: rolled back
+            orchestrator.handle_replies(
+                [DeliveredReply(headers["id"], headers, kwargs, sender=sender)]
+            )
+        with pytest.raises(SenderRefused):  # then the reply task, alone
+            orchestrator.handle_reply(
+                headers["id"], headers, kwargs, raise_invalid=True, sender=sender
+            )
+    assert refused._value.get() - before == 2, "each refused reply counted once"
