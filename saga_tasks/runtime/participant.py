@@ -224,11 +224,15 @@ class ParticipantRuntime:
                 raise Unbatchable(f"a hook probes {delivered.handler.task_name}")
             read.append((delivered.handler, command, fields))
         engine = self._engine()
+        done = []
         with translated(engine.url), engine.begin() as conn:
-            done = [
-                (handler, fields, *self._handle(conn, handler, command, None, fields))
-                for handler, command, fields in read
-            ]
+            for handler, command, fields in read:
+                name = f"saga.command {handler.task_name}"
+                attributes = tracing.attributes(command.headers)
+                with self.tracing.span(name, command.traceparent, **attributes):
+                    done.append(
+                        (handler, fields, *self._handle(conn, handler, command, None, fields))
+                    )
         self._outlet().send(self.participant.outbox, [reply for _, _, reply, _ in done])
         return [
             self._handled(handler, reply, duplicate=duplicate, fields=fields)
