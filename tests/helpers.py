@@ -15,7 +15,15 @@ import pytest
 from kombu import Connection
 from sqlalchemy import text
 
-from saga_tasks.testing import Isolation, WorkerProcess, drain, pump, run_command, run_reply
+from saga_tasks.testing import (
+    Isolation,
+    WorkerProcess,
+    drain,
+    pump,
+    run_command,
+    run_reply,
+    wait_for,
+)
 
 __all__ = [
     "ADMIN_URL",
@@ -76,6 +84,32 @@ ORDER = {"customer_id": "c-1", "items": [{"sku": "sku-1", "qty": 2}], "amount_ce
 def scalar(engine: Any, sql: str, **params: Any) -> Any:
     with engine.connect() as conn:
         return conn.execute(text(sql), params).scalar()
+
+
+def pile_up(app: Any, queue: str, payloads: list[dict], *, first: int = 0) -> list[Any]:
+    """Start an order saga per payload (business keys ``b-<first + i>``) and wait until
+    ``queue`` holds one more message for each: their consumer is not running yet."""
+    from saga_tasks.testing import queue_depths
+
+    url = app.settings.broker_url
+    before = queue_depths(url, [queue])[queue]
+    handles = [app.start_saga("order", f"b-{first + i}", p) for i, p in enumerate(payloads)]
+    wait_for(
+        lambda: queue_depths(url, [queue])[queue] >= before + len(payloads),
+        timeout=60,
+        describe=f"{len(payloads)} more messages waiting in {queue}",
+    )
+    return handles
+
+
+def wait_for_lock_waiter(engine: Any, describe: str) -> None:
+    """Wait until a session of ``engine``'s database waits for a lock (a batch blocked on
+    a row the test holds)."""
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    wait_for(lambda: scalar(engine, sql) > 0, timeout=60, describe=describe)
 
 
 def participant_db(app: Any, name: str) -> Any:

@@ -14,8 +14,16 @@ import signal
 import pytest
 from sqlalchemy import text
 
-from saga_tasks.testing import queue_depths, wait_for
-from tests.helpers import ORDER, assert_each_effect_once, participant_db, scalar, statuses
+from saga_tasks.testing import wait_for
+from tests.helpers import (
+    ORDER,
+    assert_each_effect_once,
+    participant_db,
+    pile_up,
+    scalar,
+    statuses,
+    wait_for_lock_waiter,
+)
 
 COMMITS = "SELECT count(DISTINCT xmin::text) FROM {schema}.command_ledger WHERE step = :step"
 LARGEST = (
@@ -30,15 +38,7 @@ OTHERS = {
 
 
 def _pile_up(order_app, queue: str, payloads: list[dict]) -> None:
-    url = order_app.settings.broker_url
-    before = queue_depths(url, [queue])[queue]
-    for i, payload in enumerate(payloads):
-        order_app.start_saga("order", f"c-{i}", payload)
-    wait_for(
-        lambda: queue_depths(url, [queue])[queue] >= before + len(payloads),
-        timeout=60,
-        describe=f"{len(payloads)} commands waiting in {queue}",
-    )
+    pile_up(order_app, queue, payloads)
 
 
 def _start(workers, *names: str):
@@ -107,18 +107,7 @@ def test_participant_killed_while_a_batch_waits_mid_transaction(order_app, worke
     with stock.connect() as blocker:
         blocker.execute(text("SELECT 1 FROM inventory.stock WHERE sku = 'sku-1' FOR UPDATE"))
         (inventory,) = _start(workers, "inventory")
-        wait_for(
-            lambda: (
-                scalar(
-                    stock,
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND datname = current_database()",
-                )
-                > 0
-            ),
-            timeout=60,
-            describe="a batch waiting for the stock row the test holds",
-        )
+        wait_for_lock_waiter(stock, "a batch waiting for the stock row the test holds")
         inventory.kill(signal.SIGKILL)
         blocker.rollback()
 

@@ -20,8 +20,16 @@ from kombu import Connection
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from saga_tasks.testing import queue_depths, wait_for
-from tests.helpers import ORDER, assert_each_effect_once, rows, scalar, statuses
+from saga_tasks.testing import wait_for
+from tests.helpers import (
+    ORDER,
+    assert_each_effect_once,
+    pile_up,
+    rows,
+    scalar,
+    statuses,
+    wait_for_lock_waiter,
+)
 
 BATCHING = {"SAGA_PREFETCH_MULTIPLIER": "4", "SAGA_REPLY_BATCH": "16"}
 """A prefetch of 4 asked for: a worker that batches replies holds a batch all the same."""
@@ -39,19 +47,7 @@ LARGEST_FIRST_STEP_BATCH = (
 
 def _pile_up_replies(order_app, workers, count: int, *, first: int = 0, payload=None) -> list:
     """Start ``count`` sagas and wait until their first step's replies wait in the queue."""
-    before = queue_depths(order_app.settings.broker_url, ["saga.replies"])["saga.replies"]
-    handles = [
-        order_app.start_saga("order", f"b-{first + i}", payload or ORDER) for i in range(count)
-    ]
-    wait_for(
-        lambda: (
-            queue_depths(order_app.settings.broker_url, ["saga.replies"])["saga.replies"]
-            >= before + count
-        ),
-        timeout=60,
-        describe=f"{count} more replies waiting in saga.replies",
-    )
-    return handles
+    return pile_up(order_app, "saga.replies", [payload or ORDER] * count, first=first)
 
 
 def _all_completed(order_app, sagas: int) -> None:
@@ -140,18 +136,7 @@ def test_orchestrator_killed_while_a_batch_waits_mid_transaction(order_app, work
             text("SELECT 1 FROM saga.saga_instance WHERE saga_id = :s FOR UPDATE"), {"s": held}
         )
         orchestrator = workers.orchestrator(env=BATCHING)
-        wait_for(
-            lambda: (
-                scalar(
-                    order_app.engine,
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND datname = current_database()",
-                )
-                > 0
-            ),
-            timeout=60,
-            describe="a batch waiting for the saga row the test holds",
-        )
+        wait_for_lock_waiter(order_app.engine, "a batch waiting for the saga row the test holds")
         orchestrator.kill(signal.SIGKILL)
         blocker.rollback()
 
@@ -231,18 +216,7 @@ def test_a_batch_waiting_for_a_saga_holds_no_queue_lock(order_app, workers):
             text("SELECT 1 FROM saga.saga_instance WHERE saga_id = :s FOR UPDATE"), {"s": held}
         )
         orchestrator = workers.orchestrator(env=BATCHING)
-        wait_for(
-            lambda: (
-                scalar(
-                    order_app.engine,
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND datname = current_database()",
-                )
-                > 0
-            ),
-            timeout=60,
-            describe="a batch waiting for the saga row the test holds",
-        )
+        wait_for_lock_waiter(order_app.engine, "a batch waiting for the saga row the test holds")
         # ... then the release of the queues its decision touched, as _write_decision does.
         try:
             order_app.orchestrator.flow.release(other, touched)

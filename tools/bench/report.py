@@ -151,6 +151,12 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"peak RSS {name}: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items()))
         if "long" in r["extra"]:
             print(f"RSS growth over the long run: {r['extra']['long']['growth_percent']}")
+    for name, r in report["configurations"].items():
+        hops = r["extra"].get("unloaded_hops_ms")
+        if hops:
+            print(f"unloaded {name}, ms per step (decision -> participant -> reply applied): "
+                  + ", ".join(f"{s} {h['to_participant']} + {h['to_reply']}"
+                              for s, h in hops.items()))  # fmt: skip
     print_sweep(report)
     print_web(report)
 

@@ -328,6 +328,11 @@ class Bench:
         try:
             result = self.run(name, items, workers, self.args.sagas)
             result.extra["statuses"] = items.statuses()
+            if self.args.unloaded:
+                ledgers = [p.ledger for p in saga_app.participants.values()]
+                result.extra["unloaded_hops_ms"] = items.hops(
+                    self.args.sagas, self.args.unloaded, ledgers
+                )
             if not mixed and self.args.long:
                 result.extra["long"] = self.long_run(saga_app, workers, items.run_id)
             return result

@@ -6,8 +6,10 @@ each started and finished, from timestamps the items record themselves.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import text
@@ -133,6 +135,51 @@ class SagaItems:
                 {"k": f"b-{self.run_id}-%"},
             ).all()
         return [(float(a), float(b)) for a, b in rows]
+
+    def hops(self, first: int, count: int, ledgers: Sequence[Any]) -> dict[str, dict[str, float]]:
+        """Per step of the sagas ``first`` .. ``first + count - 1`` (the unloaded ones), the
+        median milliseconds from the orchestrator's decision to send the command to its
+        participant's transaction (``to_participant``: commit, publish, the broker, the
+        participant's receipt) and from there to the reply applied (``to_reply``: the
+        handler, commit, publish, the broker, the orchestrator's receipt). Participants
+        share the benchmark's database, so their ``ledgers`` are read beside the saga's."""
+        from sqlalchemy import func, select, union_all
+
+        from saga_tasks.persistence.tables import saga_instance, saga_step
+
+        claimed = union_all(*(select(t.c.command_id, t.c.created_at) for t in ledgers)).subquery(
+            "claimed"
+        )
+        ms = 1000
+        stmt = (
+            select(
+                saga_step.c.step,
+                func.extract("epoch", claimed.c.created_at - saga_step.c.requested_at) * ms,
+                func.extract("epoch", saga_step.c.finished_at - claimed.c.created_at) * ms,
+            )
+            .join(saga_instance, saga_instance.c.saga_id == saga_step.c.saga_id)
+            .join(claimed, claimed.c.command_id == saga_step.c.command_id)
+            .where(
+                saga_instance.c.business_key.in_(
+                    [f"b-{self.run_id}-{i}" for i in range(first, first + count)]
+                )
+            )
+            .order_by(saga_step.c.position)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        steps: dict[str, tuple[list[float], list[float]]] = {}
+        for step, there, back in rows:
+            out, home = steps.setdefault(step, ([], []))
+            out.append(float(there))
+            home.append(float(back))
+        return {
+            step: {
+                "to_participant": round(statistics.median(out), 2),
+                "to_reply": round(statistics.median(home), 2),
+            }
+            for step, (out, home) in steps.items()
+        }
 
     def one(self, key: str) -> tuple[float, float] | None:
         with self.engine.connect() as conn:
