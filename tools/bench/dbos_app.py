@@ -7,9 +7,10 @@ Four steps do the order saga's business writes in the bench database (create the
 reserve stock, authorize the payment, confirm the order), each a DBOS step whose outcome
 DBOS checkpoints in its system tables (schema ``dbos``, same database). Sagas are
 started through a DBOS queue by ``DBOSClient.enqueue``; the benchmark runs one executor
-process per core. The queue is polled every 0.1 s (DBOS's default is 1 s: a setting in
-DBOS's favour). The last step pushes ``id:started:finished`` to the same Redis list the
-Celery chains use, so every configuration is timed alike. Installed with the ``bench``
+process per core (``BENCH_DBOS_EXECUTORS`` to try others). The queue is polled every
+0.1 s (``BENCH_DBOS_POLL``; DBOS's default is 1 s: a setting in DBOS's favour). The last
+step pushes ``id:started:finished`` to the same Redis list the Celery chains use, so
+every configuration is timed alike. Installed with the ``bench``
 extra (``pip install -e '.[bench]'``).
 """
 
@@ -27,7 +28,8 @@ from sqlalchemy import create_engine, text
 QUEUE = "bench_orders"
 WORKFLOW = "bench_order_workflow"
 DONE_KEY = os.environ.get("BENCH_DONE_KEY", "saga_tasks:bench:done")
-POLL = 0.1
+POLL = float(os.environ.get("BENCH_DBOS_POLL", "0.1"))
+"""Seconds between polls of the queue (``BENCH_DBOS_POLL``); DBOS's default is 1."""
 
 _engine: Any = None
 _redis: Any = None

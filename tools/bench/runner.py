@@ -299,7 +299,8 @@ class Bench:
         executors: list[Executor] = []
         try:
             # One at a time: the first creates DBOS's system tables.
-            for i in range(os.cpu_count() or 2):
+            count = int(os.environ.get("BENCH_DBOS_EXECUTORS") or os.cpu_count() or 2)
+            for i in range(count):
                 executor = Executor(f"dbos-{i}", env, self.log_dir)
                 executors.append(executor)
                 executor.wait_ready()
