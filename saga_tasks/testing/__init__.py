@@ -12,6 +12,9 @@
 - ``WorkerProcess``: a real ``celery worker`` (or ``beat``) process, started, awaited until
   ready, killed with any signal; its whole process group goes with it.
 - ``wait_for`` and ``wait_for_status``: await a condition instead of sleeping and hoping.
+- ``SagaDriver``: a saga definition driven through the pure decider, no services: start
+  it, answer its steps (``succeed``, ``fail``, ``compensated``), let its deadlines pass
+  (``lapse``, ``tick``), signal it, and read its state and what it sends.
 - The pure decider, for tests without services: ``decide(definition, state, event, now)``
   with the events it takes (``Started``, ``ReplyReceived``, ``SignalReceived``,
   ``DeadlinePassed``), the ``Decision`` it returns (``CommandIntent``, ``HistoryEntry``) and
@@ -39,6 +42,7 @@ from saga_tasks.ops.isolation import (
 )
 from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
 from saga_tasks.ops.services import upgrade_all
+from saga_tasks.testing.driver import SagaDriver
 from saga_tasks.testing.invariants import Report, check_invariants
 from saga_tasks.testing.pump import drain, pump, refusal, run, run_command, run_reply
 
@@ -50,6 +54,7 @@ __all__ = [
     "Isolation",
     "RabbitAdmin",
     "Report",
+    "SagaDriver",
     "TimedOut",
     "WorkerProcess",
     "check_invariants",

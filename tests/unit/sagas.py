@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from saga_tasks.core.decider import Decision
 from saga_tasks.core.definitions import SagaDefinition, saga, step
-from saga_tasks.core.events import DeadlinePassed
 from saga_tasks.core.states import (
     IN_FLIGHT,
     TERMINAL_SAGA,
     Classification,
     MessageKind,
-    Outcome,
     SagaStatus,
     StepStatus,
 )
-from saga_tasks.testing import ReplyReceived, SagaState, SignalReceived, Started, decide
+from saga_tasks.testing import SagaDriver, SagaState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -53,8 +50,8 @@ def diamond() -> SagaDefinition:
     )
 
 
-class Driver:
-    """Feeds events to the decider the way the shell does, keeping the latest state."""
+class Driver(SagaDriver):
+    """The shipped driver (``saga_tasks.testing.SagaDriver``) with these tests' defaults."""
 
     def __init__(
         self,
@@ -62,87 +59,16 @@ class Driver:
         saga_id: str | None = None,
         payload: dict[str, object] | None = None,
     ) -> None:
-        self.definition = definition
-        self.now = T0
-        self.state = SagaState.new(
+        super().__init__(
             definition,
-            saga_id=saga_id or str(uuid.uuid4()),
-            business_key="k",
+            saga_id=saga_id,
             payload=payload if payload is not None else {"x": 1},
-            now=self.now,
-            id_key="5a" * 16,  # keyed ids, as every saga started now has
-        )
-        self.decisions: list[Decision] = []
-        self._counter = 0
-
-    def apply(
-        self,
-        event: Started | ReplyReceived | DeadlinePassed | SignalReceived,
-        *,
-        step: float = 0.01,
-    ) -> Decision:
-        self.now += timedelta(seconds=step)
-        decision = decide(self.definition, self.state, event, self.now)
-        self.decisions.append(decision)
-        self.state = decision.state
-        return decision
-
-    def start(self) -> Decision:
-        return self.apply(Started())
-
-    def reply(
-        self,
-        step_name: str,
-        outcome: Outcome = Outcome.SUCCESS,
-        *,
-        kind: MessageKind = MessageKind.COMMAND,
-        command_id: str | None = None,
-        code: str | None = None,
-        result: dict[str, object] | None = None,
-    ) -> ReplyReceived:
-        st = self.state.steps[step_name]
-        cid = command_id or (st.command_id if kind is MessageKind.COMMAND else st.compensation_id)
-        self._counter += 1
-        return ReplyReceived(
-            step=step_name,
-            kind=kind,
-            command_id=cid or str(uuid.uuid4()),
-            outcome=outcome,
-            message_id=f"m{self._counter}",
-            result=result
-            if result is not None
-            else ({"r": step_name} if outcome is Outcome.SUCCESS else None),
-            error_code=code or (None if outcome is Outcome.SUCCESS else "refused"),
+            business_key="k",
+            now=T0,
         )
 
-    def tick(self, seconds: float, backlog: dict[str, int] | None = None) -> Decision:
-        """Let ``seconds`` pass, then run the sweeper's event (``backlog``: messages waiting
-        in each queue, as the sweeper saw them)."""
-        return self.apply(DeadlinePassed(backlog or {}), step=seconds)
-
-    def lapse(
-        self,
-        backlog: dict[str, int] | None = None,
-        dispatch: dict[str, datetime | None] | None = None,
-    ) -> Decision:
-        """Let time pass just beyond the saga's next deadline (an attempt's wait grows with
-        its backoff), then run the sweeper's event."""
-        wake = self.state.next_wake_at()
-        assert wake is not None, "nothing is awaited"
-        seconds = max((wake - self.now).total_seconds(), 0) + 0.5
-        return self.apply(DeadlinePassed(backlog or {}, dispatch or {}), step=seconds)
-
-    def signal(self, step_name: str, data: dict[str, object]) -> Decision:
-        return self.apply(SignalReceived(step_name, data, actor="ann", reason="inspected"))
-
-    def succeed(self, step_name: str) -> Decision:
-        return self.apply(self.reply(step_name))
-
-    def fail(self, step_name: str, code: str = "refused") -> Decision:
-        return self.apply(self.reply(step_name, Outcome.FAILURE, code=code))
-
-    def compensated(self, step_name: str, outcome: Outcome = Outcome.SUCCESS) -> Decision:
-        return self.apply(self.reply(step_name, outcome, kind=MessageKind.COMPENSATION))
+    def signal(self, step_name: str, data: dict[str, object]) -> Decision:  # type: ignore[override]
+        return super().signal(step_name, data, actor="ann", reason="inspected")
 
 
 def check(
