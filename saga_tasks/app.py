@@ -32,6 +32,7 @@ from saga_tasks.core.definitions import SagaDefinition
 from saga_tasks.core.registry import Registry
 from saga_tasks.core.schedules import Schedule
 from saga_tasks.core.senders import Senders
+from saga_tasks.core.states import MessageKind
 from saga_tasks.errors import (
     ConfigurationError,
     CrossParticipantCompensation,
@@ -392,10 +393,19 @@ def _check_owners(sagas: Sequence[SagaDefinition], participants: Sequence[Partic
     participant handles which task.
     """
     owner = {h.task_name: p for p in participants for h in p.handlers.values()}
+    handler = {h.task_name: h for p in participants for h in p.handlers.values()}
     for d in sagas:
         for s in d.steps:
             doer = owner.get(s.action)
             undoer = owner.get(s.compensation) if s.compensation else None
+            compensation = handler.get(s.compensation or "")
+            undoes = compensation.undoes if compensation is not None else None
+            if undoer is not None and doer is undoer and s.action != f"{undoer.name}.{undoes}":
+                raise CrossParticipantCompensation(
+                    d.saga_type,
+                    f"step {s.name!r}: its compensation {s.compensation} undoes "
+                    f"{undoer.name}.{undoes}, not the step's {s.action}",
+                )
             if doer is not None and undoer is not None and doer is not undoer:
                 raise CrossParticipantCompensation(
                     d.saga_type,
@@ -410,6 +420,21 @@ def _check_owners(sagas: Sequence[SagaDefinition], participants: Sequence[Partic
                         f"step {s.name!r} sends {task} to {s.queue}, but {p.name} "
                         f"consumes {p.queue}",
                     )
+    _check_undoes(participants)
+
+
+def _check_undoes(participants: Sequence[Participant]) -> None:
+    """Each compensation undoes a command of its own participant. ``undoes=`` names the
+    forward command in the ledger's tombstones and in the saga's checks above; misspelt,
+    nothing would say so."""
+    for p in participants:
+        commands = sorted(a for a, h in p.handlers.items() if h.kind is MessageKind.COMMAND)
+        for action, h in p.handlers.items():
+            if h.kind is MessageKind.COMPENSATION and h.undoes not in commands:
+                raise ConfigurationError(
+                    f"{p.name}.{action} undoes {h.undoes!r}, which {p.name} does not define "
+                    f"as a command (its commands: {', '.join(commands) or 'none'})"
+                )
 
 
 def _check_schedules(registry: Registry, schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:

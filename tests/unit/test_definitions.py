@@ -239,3 +239,44 @@ def test_a_participant_batch_is_a_whole_number_of_commands(bad):
 def test_a_participant_runs_each_command_alone_unless_it_says_batch():
     assert Participant("orders").batch == 1
     assert Participant("orders", batch=16).batch == 16
+
+
+def test_a_compensation_must_undo_a_command_of_its_own_participant():
+    from saga_tasks import Participant, SagaApp, Settings
+    from saga_tasks.errors import ConfigurationError
+
+    inventory = Participant("inventory")
+
+    @inventory.command("reserve")
+    def reserve(ctx):  # pragma: no cover - never run
+        return {}
+
+    @inventory.compensation("release", undoes="reserv")
+    def release(ctx):  # pragma: no cover - never run
+        return {}
+
+    with pytest.raises(ConfigurationError, match=r"inventory.release undoes 'reserv', which"):
+        SagaApp(sagas=[], participants=[inventory], settings=Settings.from_env({}))
+
+
+def test_a_step_compensated_by_what_undoes_another_command_is_refused():
+    from saga_tasks import Participant, SagaApp, Settings
+    from saga_tasks.errors import CrossParticipantCompensation
+
+    payments = Participant("payments")
+
+    @payments.command("authorize")
+    def authorize(ctx):  # pragma: no cover - never run
+        return {}
+
+    @payments.command("refund")
+    def refund(ctx):  # pragma: no cover - never run
+        return {}
+
+    @payments.compensation("void", undoes="authorize")
+    def void(ctx):  # pragma: no cover - never run
+        return {}
+
+    wrong = saga("x", step("pay_back", refund, compensation=void))
+    with pytest.raises(CrossParticipantCompensation, match=r"undoes payments\.authorize, not"):
+        SagaApp(sagas=[wrong], participants=[payments], settings=Settings.from_env({}))
