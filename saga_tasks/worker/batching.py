@@ -11,7 +11,7 @@ they are applied together: one transaction, one commit, one hand-off, then each 
           -> committed: ack each | rolled back: each to Celery's own handler, alone
 
 Idle, a reply is a batch of one, applied at once. A batch that raises anything (a reply
-that makes no sense, a refused sender, an unknown saga, the database away) rolled back
+that makes no sense, a refused sender, an unknown saga, the database away) is rolled back
 whole, so each of its messages then runs as the ordinary ``saga_tasks.reply`` task, with
 its failure policy, as if there were no batching: one bad reply fails alone, never its
 neighbours. Only first deliveries are batched: a redelivered reply (its worker died
@@ -31,8 +31,9 @@ probes (the demo's faults) is never batched.
 What changes for people watching: Flower shows no task for a batched message (it never
 becomes a Celery task); the saga's history, the dashboard and the metrics
 (``saga_messages_total``, ``saga_batch_size``) show each one.
-``SAGA_REPLY_BATCH=1`` turns this off; it is on for the pools whose tasks run in the
-consumer's process (``-P solo``, ``-P threads``), off under prefork.
+``SAGA_REPLY_BATCH=1`` turns it off for replies, a participant's ``batch=1`` (the default)
+for its commands, ``SAGA_GROUP_COMMIT=0`` for both; it is on only for the pools whose tasks
+run in the consumer's process (``-P solo``, ``-P threads``), never under prefork.
 """
 
 from __future__ import annotations
