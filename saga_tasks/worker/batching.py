@@ -79,7 +79,12 @@ def batch_sizes(parts: Any) -> dict[str, int]:
 
 
 def batchers(consumer: Any, handler: Callable[[Any], Any], parts: Any) -> dict[str, Batcher]:
-    """A batcher per queue that batches (two participants sharing a queue: neither)."""
+    """A batcher per queue that batches (two participants sharing a queue: neither); none
+    without an event loop to flush from, or in a parent that forks (prefork)."""
+    if getattr(consumer, "hub", None) is None or not in_process_pool(
+        getattr(consumer, "pool", None)
+    ):
+        return {}
     found: dict[str, Batcher] = {}
     shared = _shared_queues(parts.runtimes)
     for queue, size in batch_sizes(parts).items():
@@ -118,9 +123,6 @@ class Batcher:
     def take(self, message: Any, body: Any) -> bool:
         """Buffer ``message`` if it is a first delivery this batcher can read; False to run
         it as a task."""
-        hub = getattr(self._consumer, "hub", None)
-        if hub is None or not in_process_pool(getattr(self._consumer, "pool", None)):
-            return False  # no event loop to flush from, or a parent that forks: tasks
         item = self._read(message, body)
         if item is None:
             return False
@@ -132,7 +134,7 @@ class Batcher:
             # for the next poll to return: with the prefetch window full of held
             # messages, that is the next timer, up to a second later.
             self._scheduled = True
-            hub.call_later(0, self.flush)
+            self._consumer.hub.call_later(0, self.flush)
         return True
 
     def _read(self, message: Any, body: Any) -> Any:

@@ -79,19 +79,20 @@ class SagaConsumer(ImmediateAckConsumer):
                 body = message.decode()
             except Exception as exc:  # noqa: BLE001 - any decoder error means undecodable
                 return self.on_decode_error(message, exc)
-            refused = self._refusal(message, body)
+            queue = self._queue_of(message, parts) if parts is not None else None
+            refused = self._refusal(message, body, queue)
             if refused is not None:
                 return refused
-            if batching:
-                batcher = batching.get(self._queue_of(message, parts) or "")
-                if batcher is not None and batcher.take(message, body):
-                    return None
+            batcher = batching.get(queue or "")
+            if batcher is not None and batcher.take(message, body):
+                return None
             return handler(message)
 
         return on_task_received
 
-    def _refusal(self, message: Any, body: Any) -> bool | None:
-        """Park a delivery the task gate refuses (``core.gate``); True if it did."""
+    def _refusal(self, message: Any, body: Any, queue: str | None) -> bool | None:
+        """Park a delivery ``queue`` gave that the task gate refuses (``core.gate``); True
+        if it did."""
         parts = getattr(self.app, "saga_parts", None)
         if parts is None:
             return None
@@ -99,7 +100,6 @@ class SagaConsumer(ImmediateAckConsumer):
         task = headers.get("task") if isinstance(headers, dict) else None
         if isinstance(task, str) and task not in getattr(self, "strategies", {}):
             return None  # no such task here: recorded as an unknown task (on_unknown_task)
-        queue = self._queue_of(message, parts)
         reason = parts.gate.refusal(queue, headers, body)
         if reason is None:
             return None

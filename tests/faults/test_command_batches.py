@@ -37,10 +37,6 @@ OTHERS = {
 }
 
 
-def _pile_up(order_app, queue: str, payloads: list[dict]) -> None:
-    pile_up(order_app, queue, payloads)
-
-
 def _start(workers, *names: str):
     return [workers.start(name, OTHERS[name]) for name in names]
 
@@ -56,7 +52,7 @@ def _all_ended(order_app, expected: dict[str, int]) -> None:
 @pytest.mark.timeout(180)
 def test_commands_held_together_commit_together(order_app, workers):
     sagas = 24
-    _pile_up(order_app, "orders.commands", [ORDER] * sagas)
+    pile_up(order_app, "orders.commands", [ORDER] * sagas)
 
     workers.orchestrator()
     _start(workers, "orders", "inventory", "payments")
@@ -79,7 +75,7 @@ def test_a_refusal_in_a_batch_runs_alone_and_its_neighbours_commit(order_app, wo
     workers.orchestrator()
     _start(workers, "orders", "payments")
     payloads = [ORDER] * (sagas // 2) + [refused] + [ORDER] * (sagas // 2 - 1)
-    _pile_up(order_app, "inventory.commands", payloads)
+    pile_up(order_app, "inventory.commands", payloads)
 
     (inventory,) = _start(workers, "inventory")
     _all_ended(order_app, {"COMPLETED": sagas - 1, "COMPENSATED": 1})
@@ -101,7 +97,7 @@ def test_participant_killed_while_a_batch_waits_mid_transaction(order_app, worke
     sagas = 16
     workers.orchestrator()
     _start(workers, "orders", "payments")
-    _pile_up(order_app, "inventory.commands", [ORDER] * sagas)
+    pile_up(order_app, "inventory.commands", [ORDER] * sagas)
     stock = participant_db(order_app, "inventory")
 
     with stock.connect() as blocker:
