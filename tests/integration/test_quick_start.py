@@ -20,10 +20,12 @@ from saga_tasks.testing import RabbitAdmin, drop_database
 from tests.helpers import ADMIN_URL, PREFIX
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+END = "<!-- --8<-- [end:quick-start] -->"
+"""Where the quick start ends: the docs' tutorial includes the README up to this marker."""
 
 
 def blocks() -> tuple[str, list[str]]:
-    section = README.read_text().split("### Quick start", 1)[1].split("\n---\n", 1)[0]
+    section = README.read_text().split("### Quick start", 1)[1].split(END, 1)[0]
     python = re.search(r"```python\n(.*?)```", section, re.S)
     shell = re.search(r"```sh\n(.*?)```", section, re.S)
     assert python and shell, "the README lost its quick start"
@@ -33,7 +35,8 @@ def blocks() -> tuple[str, list[str]]:
 
 def test_the_quick_start_is_short_and_on_the_first_screen():
     text = README.read_text()
-    assert text.index("### Quick start") < text.index("\n---\n"), "before the first rule"
+    assert text.index("### Quick start") < text.index(END) < text.index("\n## "), "first"
+    assert len(text[: text.index(END)].splitlines()) <= 80, "on the first screen or two"
     python, shell = blocks()
     assert len(python.splitlines()) + len(shell) <= 40
 

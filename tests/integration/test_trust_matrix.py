@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +32,7 @@ from saga_tasks.messaging.users import REMOTE_CONTROL
 from saga_tasks.ops.trust import MATRIX, Credential, Verdict, markdown
 from saga_tasks.runtime.holding import DEAD_LETTER, PARKING
 from saga_tasks.testing import drain, run, wait_for
+from tests.docs import page
 from tests.helpers import ORDER, held, publish_task
 
 PARTICIPANTS = ("orders", "inventory", "payments")
@@ -64,9 +64,9 @@ def user_of(users, actor: str) -> str:
     return "guest" if "://" in actor else users.user(actor)
 
 
-def test_the_readme_shows_the_matrix():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert markdown() in readme, "the README's trust matrix differs from saga_tasks.ops.trust"
+def test_the_trust_guide_shows_the_matrix():
+    guide = page("guides/security.md").read_text()
+    assert markdown() in guide, "the trust guide's trust matrix differs from saga_tasks.ops.trust"
 
 
 # -- the broker -----------------------------------------------------------------------------

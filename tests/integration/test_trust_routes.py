@@ -5,7 +5,6 @@ here, or guarded by another scope than its row says, fails this test."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from fastapi.testclient import TestClient
 from starlette.routing import Route as StarletteRoute
 
 from saga_tasks.ops.trust import ROUTES, SCOPES, Route, routes_markdown
+from tests.docs import page
 from tests.helpers import ORDER, WebClients
 
 TOKENS = {scope: f"token-of-{scope}-only-0123456789" for scope in SCOPES}
@@ -63,8 +63,10 @@ def call(client: TestClient, route: Route, saga_id: str, token: str | None) -> A
 
 def test_the_app_serves_exactly_the_routes_of_the_table(web):
     assert served(web().app) == {(r.method, r.path) for r in ROUTES}
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert routes_markdown() in readme, "the README's route table differs from ops.trust.ROUTES"
+    guide = page("guides/observing.md").read_text()
+    assert routes_markdown() in guide, (
+        "the observing guide's route table differs from ops.trust.ROUTES"
+    )
 
 
 @pytest.mark.parametrize("public_read", [False, True])

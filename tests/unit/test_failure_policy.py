@@ -1,10 +1,9 @@
 """What a worker does with a handler's unexpected exception (``worker.failures``), and
-that the README says the same wherever it speaks of one."""
+that the README and the docs say the same wherever it speaks of one."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,8 +11,7 @@ from saga_tasks.config import Settings
 from saga_tasks.messaging.publisher import PublishResult
 from saga_tasks.runtime.holding import DEAD_LETTER
 from saga_tasks.worker.failures import H_RETRY, FailurePolicy
-
-README = Path(__file__).resolve().parents[2] / "README.md"
+from tests.docs import all_text
 
 
 class _Publisher:
@@ -70,8 +68,8 @@ def test_an_unexpected_exception_is_retried_through_the_tiers_then_dead_lettered
     assert dead["reason"] == "retries exhausted (2) after RuntimeError"
 
 
-def test_every_readme_mention_of_an_unexpected_exception_says_it_is_retried_first():
-    text = README.read_text()
+def test_every_mention_of_an_unexpected_exception_says_it_is_retried_first():
+    text = all_text()
     # Sentences, and table rows (a row's last cell may end without a full stop).
     pieces = re.split(r"(?<=\.)\s+|\n(?=\|)", text)
     mentions = [

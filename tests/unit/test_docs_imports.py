@@ -1,15 +1,14 @@
-"""The README's imports work, and its errors come from ``saga_tasks.errors``, the one module
-with every error a user catches."""
+"""The imports of the README and the docs work, and their errors come from
+``saga_tasks.errors``, the one module with every error a user catches."""
 
 from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 from saga_tasks import errors
+from tests.docs import all_text
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 IMPORT = re.compile(r"^from (saga_tasks[\w.]*) import ([\w, ]+)$", re.M)
 ERROR_NAME = re.compile(
     r"`(?:saga_tasks\.errors\.)?([A-Z]\w+(?:Error|Rejection|Conflict|Overloaded|Refused|"
@@ -18,7 +17,7 @@ ERROR_NAME = re.compile(
 
 
 def _imports() -> list[tuple[str, str]]:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", all_text(), re.S)
     return [
         (module, name.strip())
         for block in blocks
@@ -27,21 +26,21 @@ def _imports() -> list[tuple[str, str]]:
     ]
 
 
-def test_every_name_the_readme_imports_is_there():
+def test_every_name_the_docs_import_is_there():
     imports = _imports()
     assert ("saga_tasks", "Participant") in imports
     for module, name in imports:
         assert hasattr(importlib.import_module(module), name), f"from {module} import {name}"
 
 
-def test_the_readme_imports_errors_from_saga_tasks_errors():
+def test_the_docs_import_errors_from_saga_tasks_errors():
     for module, name in _imports():
         if isinstance(getattr(errors, name, None), type):
             assert module == "saga_tasks.errors", f"from {module} import {name}"
 
 
-def test_every_error_the_readme_names_is_in_saga_tasks_errors():
-    named = set(ERROR_NAME.findall(README.read_text()))
+def test_every_error_the_docs_name_is_in_saga_tasks_errors():
+    named = set(ERROR_NAME.findall(all_text()))
     assert {"SagaOverloaded", "ActionRefused", "VersionMismatch", "BusinessKeyConflict"} <= named
     for name in named:
         assert isinstance(getattr(errors, name, None), type), name
