@@ -8,6 +8,9 @@
     @inventory.compensation("release", undoes="reserve")
     def release(ctx: CommandContext) -> dict: ...
 
+    @inventory.command("hold", payload=HoldIn)    # a pydantic model of the saga's payload
+    def hold(ctx: CommandContext, order: HoldIn) -> dict: ...
+
 This module only declares; ``saga_tasks.runtime.participant`` runs the handlers.
 """
 
@@ -17,12 +20,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, MetaData, Table
 
 from saga_tasks.core.messages import Command
 from saga_tasks.core.states import MessageKind
+from saga_tasks.errors import BusinessRejection
 from saga_tasks.messaging.topology import command_queue
 from saga_tasks.persistence.tables import ledger_table, outbox_table, redelivery_table
 
@@ -53,6 +58,20 @@ class CommandContext:
 
 
 HandlerFunction = Callable[[CommandContext], Mapping[str, Any] | None]
+M = TypeVar("M", bound=BaseModel)
+TypedHandlerFunction = Callable[[CommandContext, M], Mapping[str, Any] | None]
+
+INVALID_PAYLOAD = "invalid_payload"
+"""The code of the failure a handler's ``payload=`` model answers for a payload it refuses."""
+
+
+def refusal(model: type[BaseModel], error: ValidationError) -> BusinessRejection:
+    """The failure a payload the model refuses makes: where and why, never the value."""
+    where = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(payload)'}: {e['type']}"
+        for e in error.errors(include_input=False, include_url=False)
+    )
+    return BusinessRejection(INVALID_PAYLOAD, f"{model.__name__} refused the payload ({where})")
 
 
 @dataclass(frozen=True)
@@ -62,16 +81,27 @@ class Handler:
     participant: str
     action: str
     kind: MessageKind
-    fn: HandlerFunction
+    fn: Callable[..., Mapping[str, Any] | None]
+    """The function: ``fn(ctx)``, or ``fn(ctx, model)`` with ``payload``."""
     queue: str
     undoes: str | None = None
+    payload: type[BaseModel] | None = None
+    """A pydantic model of the saga's payload: validated at receipt and passed to ``fn``
+    after the context; a payload it refuses fails the step with ``invalid_payload`` (a
+    payload never changes, so no retry could succeed) and the saga compensates."""
 
     @property
     def task_name(self) -> str:
         return f"{self.participant}.{self.action}"
 
     def __call__(self, ctx: CommandContext) -> Mapping[str, Any] | None:
-        return self.fn(ctx)
+        if self.payload is None:
+            return self.fn(ctx)
+        try:
+            model = self.payload.model_validate(dict(ctx.payload))
+        except ValidationError as error:
+            raise refusal(self.payload, error) from None
+        return self.fn(ctx, model)
 
 
 class Participant:
@@ -121,20 +151,44 @@ class Participant:
         self.redelivery: Table = redelivery_table(self.schema, self.metadata)
         self.handlers: dict[str, Handler] = {}
 
-    def command(self, action: str) -> Callable[[HandlerFunction], Handler]:
-        return self._register(action, MessageKind.COMMAND, None)
+    @overload
+    def command(self, action: str) -> Callable[[HandlerFunction], Handler]: ...
+    @overload
+    def command(
+        self, action: str, *, payload: type[M]
+    ) -> Callable[[TypedHandlerFunction[M]], Handler]: ...
+    def command(self, action: str, *, payload: type[BaseModel] | None = None) -> Any:
+        """A command handler; with ``payload=Model`` it also gets the validated model."""
+        return self._register(action, MessageKind.COMMAND, None, payload)
 
-    def compensation(self, action: str, *, undoes: str) -> Callable[[HandlerFunction], Handler]:
-        return self._register(action, MessageKind.COMPENSATION, undoes)
+    @overload
+    def compensation(self, action: str, *, undoes: str) -> Callable[[HandlerFunction], Handler]: ...
+    @overload
+    def compensation(
+        self, action: str, *, undoes: str, payload: type[M]
+    ) -> Callable[[TypedHandlerFunction[M]], Handler]: ...
+    def compensation(
+        self, action: str, *, undoes: str, payload: type[BaseModel] | None = None
+    ) -> Any:
+        """The handler that undoes command ``undoes`` of this participant."""
+        return self._register(action, MessageKind.COMPENSATION, undoes, payload)
 
     def _register(
-        self, action: str, kind: MessageKind, undoes: str | None
-    ) -> Callable[[HandlerFunction], Handler]:
+        self,
+        action: str,
+        kind: MessageKind,
+        undoes: str | None,
+        payload: type[BaseModel] | None,
+    ) -> Callable[[Callable[..., Mapping[str, Any] | None]], Handler]:
         if action in self.handlers:
             raise ValueError(f"{self.name}.{action} is defined twice")
+        if payload is not None and not (
+            isinstance(payload, type) and issubclass(payload, BaseModel)
+        ):
+            raise TypeError(f"{self.name}.{action}: payload= takes a pydantic model class")
 
-        def decorate(fn: HandlerFunction) -> Handler:
-            handler = Handler(self.name, action, kind, fn, self.queue, undoes)
+        def decorate(fn: Callable[..., Mapping[str, Any] | None]) -> Handler:
+            handler = Handler(self.name, action, kind, fn, self.queue, undoes, payload)
             self.handlers[action] = handler
             return handler
 

@@ -408,7 +408,7 @@ class ParticipantRuntime:
     ) -> _Reply:
         ctx = CommandContext(conn=conn, command=command, now=now)
         try:
-            result = handler.fn(ctx)
+            result = handler(ctx)  # a payload= model is validated here
         except BusinessRejection:
             raise
         except Exception:
