@@ -15,6 +15,8 @@
 - ``SagaDriver``: a saga definition driven through the pure decider, no services: start
   it, answer its steps (``succeed``, ``fail``, ``compensated``), let its deadlines pass
   (``lapse``, ``tick``), signal it, and read its state and what it sends.
+- ``golden``: a driver's run kept as JSON beside its test and replayed against the
+  definition (``golden.check(driver, path)``), so a change of behaviour shows as a diff.
 - The pure decider, for tests without services: ``decide(definition, state, event, now)``
   with the events it takes (``Started``, ``ReplyReceived``, ``SignalReceived``,
   ``DeadlinePassed``), the ``Decision`` it returns (``CommandIntent``, ``HistoryEntry``) and
@@ -42,6 +44,7 @@ from saga_tasks.ops.isolation import (
 )
 from saga_tasks.ops.processes import TimedOut, WorkerProcess, wait_for
 from saga_tasks.ops.services import upgrade_all
+from saga_tasks.testing import golden
 from saga_tasks.testing.driver import SagaDriver
 from saga_tasks.testing.invariants import Report, check_invariants
 from saga_tasks.testing.pump import drain, pump, refusal, run, run_command, run_reply
@@ -61,6 +64,7 @@ __all__ = [
     "create_database",
     "drain",
     "drop_database",
+    "golden",
     "list_databases",
     "pump",
     "queue_depths",

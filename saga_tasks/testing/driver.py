@@ -11,7 +11,8 @@ saga's logic (its order of steps, compensations, timeouts, branches) needs.
 Each call feeds the decider one event the way the orchestrator does (the latest state, a
 clock that moves on a little), keeps the state it returns, and returns the ``Decision``
 (its ``commands``, ``history`` and ``classification``). Ids are derived from a fixed key,
-so a test sees the same command ids on every run.
+so a test sees the same command ids on every run; ``events`` keeps what was fed, when, for
+a golden history (``saga_tasks.testing.golden``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 """Where a driver's clock starts unless told otherwise."""
 
 Event = Started | ReplyReceived | DeadlinePassed | SignalReceived
+_DRIVER_IDS = uuid.UUID("0b8e6a52-52a3-4c1e-9d0c-5a6a3f0d1e70")
+"""Namespace of a driver's saga ids: one per type and business key, the same every run."""
 
 
 class SagaDriver:
@@ -48,14 +51,18 @@ class SagaDriver:
     ) -> None:
         self.definition = definition
         self.now = now
-        self.state = SagaState.new(
+        self.initial = SagaState.new(
             definition,
-            saga_id=saga_id or str(uuid.uuid4()),
+            saga_id=saga_id
+            or str(uuid.uuid5(_DRIVER_IDS, f"{definition.saga_type}/{business_key}")),
             business_key=business_key,
             payload=dict(payload) if payload is not None else {},
             now=now,
             id_key=id_key,
         )
+        self.state = self.initial
+        self.events: list[tuple[datetime, Event]] = []
+        """Each event fed to the decider and the time it was decided at."""
         self.decisions: list[Decision] = []
         self._replies = 0
 
@@ -68,6 +75,7 @@ class SagaDriver:
         """Move the clock ``step`` seconds on, then decide ``event`` on the latest state."""
         self.now += timedelta(seconds=step)
         decision = decide(self.definition, self.state, event, self.now)
+        self.events.append((self.now, event))
         self.decisions.append(decision)
         self.state = decision.state
         return decision
