@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from urllib.parse import quote
 from kombu import Connection
 
 from saga_tasks.config import unavailable
+from saga_tasks.errors import ConfigurationError
 
 
 @dataclass
@@ -29,14 +31,29 @@ class RabbitAdmin:
     user: str = "guest"
     password: str = "guest"  # noqa: S105 - RabbitMQ's local default account
 
+    @classmethod
+    def for_broker(cls, url: str) -> RabbitAdmin:
+        """The admin of the broker at ``url`` (its first, for a failover list): its
+        management API on the default port, as the user and password the URL gives
+        (``guest``/``guest`` when it gives none, as RabbitMQ does)."""
+        from saga_tasks.messaging.users import credentials, management_api
+
+        first = url.split(";", maxsplit=1)[0]
+        user, password = credentials(first)
+        return cls(api=management_api(first), user=user or "guest", password=password or "guest")
+
     def _request(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(f"{self.api}{path}", data=data, method=method)  # noqa: S310
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
         request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-            payload = response.read()
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            exc.close()  # its body is the open response: the socket would be left behind
+            raise
         return json.loads(payload) if payload else None
 
     def available(self) -> bool:
@@ -47,20 +64,40 @@ class RabbitAdmin:
         return True
 
     def create_vhost(self, name: str) -> None:
-        if self.available():
+        """Create vhost ``name`` and give this user all rights on it: through the
+        management API, or ``rabbitmqctl`` where there is none. A refusal, or neither
+        way there, is a ``ConfigurationError`` saying what it needs."""
+        try:
             self._request("PUT", f"/vhosts/{quote(name, safe='')}")
             self._request(
                 "PUT",
-                f"/permissions/{quote(name, safe='')}/{self.user}",
+                f"/permissions/{quote(name, safe='')}/{quote(self.user, safe='')}",
                 {"configure": ".*", "write": ".*", "read": ".*"},
             )
             return
-        subprocess.run(["rabbitmqctl", "add_vhost", name], check=True, capture_output=True)
-        subprocess.run(
-            ["rabbitmqctl", "set_permissions", "-p", name, self.user, ".*", ".*", ".*"],
-            check=True,
-            capture_output=True,
-        )
+        except urllib.error.HTTPError as exc:
+            raise ConfigurationError(
+                f"RabbitMQ's management API at {self.api} refused {self.user!r} creating "
+                f"vhost {name!r} (HTTP {exc.code}): that needs a user with the "
+                f"administrator tag (rabbitmqctl set_user_tags {self.user} administrator)"
+            ) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            if shutil.which("rabbitmqctl") is None:
+                raise ConfigurationError(
+                    f"cannot create vhost {name!r}: no RabbitMQ management API answers at "
+                    f"{self.api} ({exc}) and rabbitmqctl is not on PATH; enable the API "
+                    f"(rabbitmq-plugins enable rabbitmq_management) or create the vhost"
+                ) from exc
+        self._ctl("add_vhost", name)
+        self._ctl("set_permissions", "-p", name, self.user, ".*", ".*", ".*")
+
+    def _ctl(self, *args: str) -> None:
+        done = subprocess.run(["rabbitmqctl", *args], check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            raise ConfigurationError(
+                f"rabbitmqctl {args[0]} failed: {said[-1] if said else done.returncode}"
+            )
 
     def delete_vhost(self, name: str) -> None:
         if self.available():

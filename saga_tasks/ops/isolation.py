@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
@@ -20,6 +21,17 @@ from saga_tasks.persistence.admin import (
 )
 
 ADMIN_URL_VARIABLE = "SAGA_TEST_ADMIN_URL"
+BROKER_URL_VARIABLE = "SAGA_TEST_BROKER_URL"
+
+
+def broker_base(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The broker ``Isolation`` makes its vhost on (a URL whose vhost is ignored), and
+    where it came from: ``SAGA_TEST_BROKER_URL``, else the settings' broker URL
+    (``SAGA_BROKER_URL`` or its default, guest on 127.0.0.1)."""
+    env = os.environ if env is None else env
+    if env.get(BROKER_URL_VARIABLE):
+        return env[BROKER_URL_VARIABLE], BROKER_URL_VARIABLE
+    return Settings.from_env(env).broker_url, "SAGA_BROKER_URL"
 
 
 def admin_url(env: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -42,6 +54,7 @@ def admin_url(env: Mapping[str, str] | None = None) -> tuple[str, str]:
 
 __all__ = [
     "ADMIN_URL_VARIABLE",
+    "BROKER_URL_VARIABLE",
     "Isolation",
     "RabbitAdmin",
     "create_database",
@@ -60,23 +73,40 @@ class Isolation:
     given), and ``env`` sets ``SAGA_PARTICIPANT_DATABASE_URL`` to reach them.
 
     The databases are created as the role of ``admin_database_url``; without one, of
-    ``admin_url()``. A role that cannot log in or may not create databases is refused
-    with a ``ConfigurationError`` saying what is needed, before anything is made.
+    ``admin_url()``. The vhost is made on the broker of ``broker_url`` (its vhost
+    ignored); without one, of ``broker_base()``, through its management API as the URL's
+    user (``rabbit=`` for another admin). A role that cannot log in or may not create
+    databases, or a broker user that may not create vhosts, is refused with a
+    ``ConfigurationError`` saying what is needed, before anything is made.
     """
 
     admin_database_url: str = ""
-    broker_host: str = "guest:guest@127.0.0.1:5672"
+    broker_host: str = ""
+    """``user:password@host:port`` of the broker; derived from ``broker_base()`` if empty."""
     prefix: str = "saga_test_"
     template: str | None = None
     name: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    rabbit: RabbitAdmin = field(default_factory=RabbitAdmin)
+    rabbit: RabbitAdmin | None = None
     participants: tuple[str, ...] = ()
     admin_from: str = field(default="admin_database_url", init=False)
     """Where ``admin_database_url`` came from, for the error that names it."""
+    broker_from: str = field(default="broker_host", init=False)
+    scheme: str = field(default="amqp", init=False)
 
     def __post_init__(self) -> None:
         if not self.admin_database_url:
             self.admin_database_url, self.admin_from = admin_url()
+        if not self.broker_host:
+            base, self.broker_from = broker_base()
+            first = urlsplit(base.split(";")[0])
+            self.scheme, self.broker_host = first.scheme or "amqp", first.netloc
+        if self.rabbit is None:
+            self.rabbit = RabbitAdmin.for_broker(f"{self.scheme}://{self.broker_host}/")
+
+    @property
+    def admin(self) -> RabbitAdmin:
+        assert self.rabbit is not None  # set in __post_init__
+        return self.rabbit
 
     @property
     def ident(self) -> str:
@@ -102,7 +132,7 @@ class Isolation:
 
     @property
     def broker_url(self) -> str:
-        return f"amqp://{self.broker_host}/{self.ident}"
+        return f"{self.scheme}://{self.broker_host}/{self.ident}"
 
     def check_admin(self) -> None:
         """Refuse, saying what is needed, an admin role that cannot log in or may not
@@ -125,7 +155,15 @@ class Isolation:
 
     def __enter__(self) -> Isolation:
         self.check_admin()
-        self.rabbit.create_vhost(self.ident)
+        try:
+            self.admin.create_vhost(self.ident)
+        except ConfigurationError as exc:
+            shown = f"{mask_url(self.broker_url)} (from {self.broker_from})"
+            raise ConfigurationError(
+                f"Isolation needs a RabbitMQ user that may create vhosts, for {shown}: "
+                f"{exc}. Set {BROKER_URL_VARIABLE} to a URL of such a user, or pass "
+                f"rabbit=RabbitAdmin(api=, user=, password=)"
+            ) from exc
         try:
             create_database(self.database_url, template=self.template)
             for name in self.participants:
@@ -141,7 +179,7 @@ class Isolation:
             for url in (self.database_url, *map(self.participant_url, self.participants)):
                 drop_database(url)
         finally:
-            self.rabbit.delete_vhost(self.ident)
+            self.admin.delete_vhost(self.ident)
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a subprocess that should use this isolation."""

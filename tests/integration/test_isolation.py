@@ -60,3 +60,25 @@ def test_a_role_without_createdb_is_refused_saying_what_it_needs(services):
         with admin.connect() as conn:
             conn.execute(text(f'DROP ROLE "{role}"'))
         admin.dispose()
+
+
+def test_a_broker_user_that_may_not_create_vhosts_is_refused_saying_what_it_needs(
+    services, monkeypatch
+):
+    admin = RabbitAdmin()
+    user = f"{PREFIX}nobody_{uuid.uuid4().hex[:6]}"
+    admin.put_user(user, "n0body-pw")  # no tags: the management API refuses it
+    try:
+        monkeypatch.setenv("SAGA_TEST_ADMIN_URL", ADMIN_URL)
+        monkeypatch.setenv("SAGA_TEST_BROKER_URL", f"amqp://{user}:n0body-pw@127.0.0.1:5672//")
+        iso = Isolation(prefix=PREFIX)
+        with pytest.raises(ConfigurationError) as refused:
+            iso.__enter__()
+        message = str(refused.value)
+        assert message.startswith("Isolation needs a RabbitMQ user that may create vhosts")
+        assert f"refused {user!r}" in message and "administrator tag" in message
+        assert "from SAGA_TEST_BROKER_URL" in message and "n0body-pw" not in message
+        assert iso.ident not in list_databases(ADMIN_URL, PREFIX)
+        assert iso.ident not in admin.vhosts(PREFIX)
+    finally:
+        admin.delete_user(user)

@@ -58,3 +58,35 @@ def test_a_role_that_may_not_create_databases_is_refused_before_anything_is_made
     assert "SAGA_TEST_ADMIN_URL" in message and "reader:***@db" in message
     assert "pw" not in message.replace("***", "")
     assert rabbit.made == []
+
+
+def test_the_broker_comes_from_the_test_variable_then_the_settings(monkeypatch):
+    monkeypatch.delenv("SAGA_TEST_BROKER_URL", raising=False)
+    monkeypatch.setenv("SAGA_BROKER_URL", "amqps://app:pw@mq.internal:5671/prod;amqps://b/prod")
+    iso = Isolation(admin_database_url="postgresql+psycopg2://me@db/postgres", name="n")
+    assert (iso.broker_url, iso.broker_from) == (
+        "amqps://app:pw@mq.internal:5671/saga_test_n",
+        "SAGA_BROKER_URL",
+    )
+    assert (iso.admin.api, iso.admin.user, iso.admin.password) == (
+        "http://mq.internal:15672/api",
+        "app",
+        "pw",
+    )
+    monkeypatch.setenv("SAGA_TEST_BROKER_URL", "amqp://tester:t@127.0.0.1:5672//")
+    iso = Isolation(admin_database_url="postgresql+psycopg2://me@db/postgres", name="n")
+    assert (iso.broker_url, iso.broker_from) == (
+        "amqp://tester:t@127.0.0.1:5672/saga_test_n",
+        "SAGA_TEST_BROKER_URL",
+    )
+    assert iso.admin.user == "tester"
+
+
+def test_the_default_is_guest_on_this_machine(monkeypatch):
+    monkeypatch.delenv("SAGA_TEST_BROKER_URL", raising=False)
+    monkeypatch.delenv("SAGA_BROKER_URL", raising=False)
+    iso = Isolation(admin_database_url="postgresql+psycopg2://me@db/postgres", name="n")
+    assert iso.broker_url == "amqp://guest:guest@127.0.0.1:5672/saga_test_n"
+    assert (iso.admin.user, iso.admin.password) == ("guest", "guest")
+    given = Isolation(admin_database_url="x://", broker_host="u:p@h:1", name="n")
+    assert given.broker_url == "amqp://u:p@h:1/saga_test_n" and given.admin.user == "u"
