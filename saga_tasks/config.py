@@ -78,7 +78,10 @@ class Settings:
     result_backend: str = _env(
         "SAGA_RESULT_BACKEND",
         "redis://127.0.0.1:6379/0",
-        "Celery result backend (Redis); saga state never lives here.",
+        "Redis: Celery's result backend, and beat's schedule state and lease (keys "
+        "saga_tasks:beat:<digest of the database and vhost>:*, so deployments sharing one "
+        "Redis never meet; they stay after beat stops, for the next beat). Saga state never "
+        "lives here.",
     )
     queue_type: str = _env(
         "SAGA_QUEUE_TYPE",
@@ -207,7 +210,8 @@ class Settings:
         "SAGA_API_TOKENS",
         "",
         "HTTP API tokens, comma-separated actor:token:scopes entries, scopes joined by + "
-        "(read, operate, start); actor:token alone has all three. Never logged.",
+        "(read, operate, start); actor:token alone has all three. Each token at least 16 "
+        "characters (openssl rand -hex 16). Never logged.",
     )
     api_public_read: bool = _env(
         "SAGA_API_PUBLIC_READ",

@@ -145,7 +145,9 @@ class Participant:
         self.schema = schema or name
         self.queue = queue or command_queue(name)
         self.migrations = Path(migrations) if migrations is not None else None
-        self.metadata = MetaData()
+        self.metadata = MetaData(schema=self.schema)
+        """Where its tables are declared (``Table(name, p.metadata, ...)``): in its schema
+        unless one says ``schema=``; autogenerate compares its chain against it."""
         self.ledger: Table = ledger_table(self.schema, self.metadata)
         self.outbox: Table = outbox_table(self.schema, self.metadata)
         self.redelivery: Table = redelivery_table(self.schema, self.metadata)

@@ -29,8 +29,8 @@ run_migrations(
 '''
 
 FIRST = '''"""The {name} participant's schema: the ledger, outbox and redelivery counts every
-participant keeps; add the participant's own tables here or in a later revision
-(``alembic -c ... revision --autogenerate`` compares against its metadata)."""
+participant keeps. Declare the participant's own tables on its metadata, then
+``saga-tasks db revision {name} -m "..."`` writes the next revision with them."""
 
 from __future__ import annotations
 

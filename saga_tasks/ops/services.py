@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
 
 from saga_tasks.config import Settings, mask_url, unavailable
-from saga_tasks.errors import ConfigurationError
+from saga_tasks.errors import ConfigurationError, InputError, ServiceUnavailable
 from saga_tasks.messaging.admin import check_broker
 from saga_tasks.persistence.admin import ensure_database
 from saga_tasks.persistence.db import check_database
@@ -19,6 +20,7 @@ from saga_tasks.persistence.migrate import (
     current_revision,
     current_revisions,
     migrations_dir,
+    revision,
     upgrade,
 )
 
@@ -41,7 +43,14 @@ def check_all(settings: Settings) -> None:
     named outright: a participant's own process has only its own), RabbitMQ, Redis."""
     urls = [settings.database_url] if settings.database_url else []
     for url in [*urls, *settings.named_participant_databases()]:
-        check_database(url)
+        try:
+            check_database(url)
+        except ServiceUnavailable as exc:
+            if "does not exist" not in exc.detail:
+                raise
+            raise ServiceUnavailable(
+                exc.service, exc.url, f"{exc.detail} (saga-tasks db upgrade creates it)"
+            ) from exc
     check_broker(settings.broker_url)
     check_redis(settings.result_backend)
 
@@ -89,6 +98,25 @@ def targets(app: SagaApp | None, settings: Settings, only: Sequence[str] = ()) -
     return found
 
 
+def chain_of(app: SagaApp, name: str) -> tuple[str, str]:
+    """(database URL, chain directory) of a participant's chain (by the participant's
+    name) or one of the app's (by its folder's name)."""
+    participant = app.participants.get(name)
+    if participant is not None and participant.migrations is not None:
+        return app.settings.participant_database(name), str(participant.migrations)
+    for location in app.migrations:
+        if Path(location).name == name:
+            if not app.settings.database_url:
+                raise ConfigurationError(f"{name} migrates SAGA_DATABASE_URL, which is empty")
+            return app.settings.database_url, str(location)
+    known = [p.name for p in app.participants.values() if p.migrations]
+    known += [Path(m).name for m in app.migrations]
+    raise InputError(
+        f"{name!r}: no participant with migrations= nor app chain of that name"
+        f" (known: {', '.join(known) or 'none'})"
+    )
+
+
 def upgrade_all(
     app: SagaApp | None,
     settings: Settings,
@@ -103,8 +131,8 @@ def upgrade_all(
     for target in targets(app, settings, only):
         if create and ensure_database(target.url):
             say(f"created the database {mask_url(target.url)}")
-        for chain, revision in upgrade(target.url, target.chains, library=target.library):
-            done.append((target.name, chain, revision))
+        for chain, at in upgrade(target.url, target.chains, library=target.library):
+            done.append((target.name, chain, at))
     return done
 
 
@@ -117,7 +145,9 @@ __all__ = [
     "current_revision",
     "current_revisions",
     "ensure_database",
+    "chain_of",
     "migrations_dir",
+    "revision",
     "targets",
     "upgrade",
     "upgrade_all",

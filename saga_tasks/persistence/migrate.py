@@ -85,6 +85,43 @@ def current_revisions(
         engine.dispose()
 
 
+def revision(url: str, location: str | Path, message: str, *, autogenerate: bool = True) -> Path:
+    """Write the chain's next revision, numbered after its head when its revisions are
+    numbered (``0002`` after ``0001``); with ``autogenerate``, the operations that bring
+    the database at ``url`` (which must be at the chain's head) to the chain's metadata.
+    The file written; nothing in the database changes."""
+    ((name, path),) = chains([location], library=False)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with translated(url), engine.connect() as conn:
+            cfg = _alembic_config(path, url, conn)
+            try:
+                written = command.revision(
+                    cfg, message=message, autogenerate=autogenerate, rev_id=_next_id(cfg)
+                )
+            except CommandError as exc:  # e.g. "Target database is not up to date."
+                hint = " (run saga-tasks db upgrade first)" if "up to date" in str(exc) else ""
+                raise ConfigurationError(f"revision of {name}: {exc}{hint}") from exc
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
+    scripts = written if isinstance(written, list) else [written]
+    return Path(scripts[0].path)  # type: ignore[union-attr]
+
+
+def _next_id(cfg: Any) -> str | None:
+    """``0002`` after a head ``0001``; None (Alembic's random id) when ids are not numbers."""
+    ids = [r.revision for r in ScriptDirectory.from_config(cfg).walk_revisions()]
+    if not ids:
+        return "0001"
+    if not all(i.isdigit() for i in ids):
+        return None
+    width = max(len(i) for i in ids)
+    return f"{max(int(i) for i in ids) + 1:0{width}d}"
+
+
 def _alembic_config(path: Path, url: str, conn: Connection) -> Any:
     cfg = Config()
     cfg.set_main_option("script_location", str(path))

@@ -80,7 +80,10 @@ def run_migrations(
         return
     url = config.get_main_option("sqlalchemy.url")
     if not url:
-        raise RuntimeError("no database URL: set sqlalchemy.url")
+        raise RuntimeError(
+            "no database URL: saga-tasks db upgrade and db revision pass it; run alone by "
+            "Alembic, set sqlalchemy.url"
+        )
     engine = create_engine(url, poolclass=pool.NullPool)
     try:
         with engine.connect() as connection, connection.begin():

@@ -260,6 +260,17 @@ def test_check_names_redis_when_it_is_away(env):
     assert cli("check", env=env).returncode == 0
 
 
+def test_check_says_what_creates_a_database_that_does_not_exist(env):
+    from sqlalchemy.engine import make_url
+
+    missing = make_url(env["SAGA_DATABASE_URL"]).set(database="saga_never_made_db")
+    url = missing.render_as_string(hide_password=False)
+    result = cli("check", env={**env, "SAGA_DATABASE_URL": url})
+    assert result.returncode == 3 and result.stderr.count("\n") == 1, result.stderr
+    assert 'database "saga_never_made_db" does not exist' in result.stderr
+    assert result.stderr.rstrip().endswith("(saga-tasks db upgrade creates it)")
+
+
 def test_the_examples_seed_fills_in_what_is_missing_and_leaves_the_rest(isolation):
     from click.testing import CliRunner
     from sqlalchemy import create_engine, text

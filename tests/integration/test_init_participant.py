@@ -20,8 +20,7 @@ MODULE = textwrap.dedent(
     from saga_tasks import Participant, SagaApp, saga, step
 
     flights = Participant("flights", migrations="migrations/flights")
-    seat = Table("seat", flights.metadata, Column("seat_id", Text, primary_key=True),
-                 schema="flights")
+    seat = Table("seat", flights.metadata, Column("seat_id", Text, primary_key=True))
 
 
     @flights.command("book")
@@ -64,3 +63,23 @@ def test_a_chain_written_by_init_migrates_the_participant_and_refuses_to_overwri
             engine.dispose()
         assert {"command_ledger", "outbox", "redelivery", "alembic_version"} <= tables
         assert cli("db", "upgrade", cwd=tmp_path, env=env).returncode == 0, "run again: no-op"
+
+        # The participant's own table, declared on its metadata without schema=: the next
+        # revision is written with it, in the participant's schema, and migrates.
+        written = cli("db", "revision", "flights", "-m", "seats", cwd=tmp_path, env=env)
+        assert written.returncode == 0, written.stderr
+        script = tmp_path / "migrations/flights/versions/0002_seats.py"
+        assert f"wrote {script}" in written.stdout or "0002_seats.py" in written.stdout
+        body = script.read_text()
+        assert "op.create_table('seat'" in body and "schema='flights'" in body
+        assert "command_ledger" not in body, "the library's tables are already at head"
+        assert "flights at revision 0002" in cli("db", "upgrade", cwd=tmp_path, env=env).stdout
+        engine = create_engine(iso.database_url, poolclass=NullPool)
+        try:
+            assert "seat" in inspect(engine).get_table_names(schema="flights")
+        finally:
+            engine.dispose()
+        unknown = cli("db", "revision", "hotels", "-m", "x", cwd=tmp_path, env=env)
+        assert unknown.returncode == 2
+        assert "'hotels': no participant with migrations= nor app chain" in unknown.stderr
+        assert "(known: flights)" in unknown.stderr

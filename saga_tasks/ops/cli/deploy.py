@@ -59,6 +59,30 @@ def db_upgrade(obj: Context, create: bool, only: tuple[str, ...]) -> None:
         click.echo("no app named (--app or SAGA_TASKS_APP): the saga schema only", err=True)
 
 
+@db.command("revision")
+@click.argument("chain")
+@click.option("-m", "--message", required=True, help="What the revision does (its file name).")
+@click.option(
+    "--autogenerate/--empty",
+    default=True,
+    help="Write the operations that bring the database to the chain's tables, or an empty "
+    "revision to fill in by hand.",
+)
+@click.pass_obj
+def db_revision(obj: Context, chain: str, message: str, autogenerate: bool) -> None:
+    """Write the next revision of a chain: a participant's (by its name), or one of the
+    app's (by its folder's name), compared against the database it migrates, which must
+    be at the chain's head. Numbered after the head (0002 after 0001); nothing in the
+    database changes. Read the file, then saga-tasks db upgrade."""
+    from saga_tasks.ops import services
+
+    with errors():
+        url, location = services.chain_of(obj.app(), chain)
+        written = services.revision(url, location, message, autogenerate=autogenerate)
+    click.echo(f"wrote {written}")
+    click.echo("next: read it, then saga-tasks db upgrade", err=True)
+
+
 @db.command("current")
 @click.option("--only", "only", multiple=True, metavar="TARGET", help="As for db upgrade.")
 @click.pass_obj
