@@ -52,9 +52,12 @@ def commands_page() -> str:
     from saga_tasks.ops.cli import main
 
     # The root as a plain group: its help lists the library's commands, not the plugins.
+    from saga_tasks.ops.cli.plugins import EDGES, edge, load
+
+    edges = {name: load(e) for name in EDGES if (e := edge(name)) is not None}
     library = click.Group(
         main.name,
-        commands=main.commands,
+        commands={**main.commands, **edges},
         params=main.params,
         help=main.help,
         callback=main.callback,

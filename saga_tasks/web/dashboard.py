@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -39,6 +39,7 @@ from saga_tasks.persistence import status as status_sql
 from saga_tasks.persistence.db import translated
 from saga_tasks.web.actions import offers
 from saga_tasks.web.auth import READ, Forbidden, Gate, Unauthorized
+from saga_tasks.web.deps import App
 
 HERE = Path(__file__).parent
 STATUS_ORDER = [s.value for s in SagaStatus]
@@ -67,114 +68,123 @@ PAGE_HEADERS = {
 }
 
 
-def mount(web: FastAPI, app: SagaApp) -> None:
+router = APIRouter(include_in_schema=False)
+
+
+def mount(web: FastAPI) -> None:
+    """The dashboard's static files and pages on ``web``."""
     web.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    web.include_router(router)
 
-    def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        headers = PAGE_HEADERS
-        if status_code == 401:  # a 401 names the scheme it wants (RFC 9110)
-            headers = {**PAGE_HEADERS, "WWW-Authenticate": 'Bearer realm="saga_tasks"'}
-        return HTMLResponse(
-            _env.get_template(name).render(**context), status_code=status_code, headers=headers
-        )
 
-    def refused(request: Request) -> HTMLResponse | None:
-        """The shell without data, saying why, unless the request may read."""
-        gate: Gate = request.app.state.gate
-        try:
-            gate.require(request.headers.get("authorization"), READ)
-        except Unauthorized as exc:
-            return page("locked.html", 401, why=str(exc))
-        except Forbidden as exc:
-            return page("locked.html", 403, why=str(exc))
-        return None
+def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    headers = PAGE_HEADERS
+    if status_code == 401:  # a 401 names the scheme it wants (RFC 9110)
+        headers = {**PAGE_HEADERS, "WWW-Authenticate": 'Bearer realm="saga_tasks"'}
+    return HTMLResponse(
+        _env.get_template(name).render(**context), status_code=status_code, headers=headers
+    )
 
-    @web.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def overview(
-        request: Request,
-        status: SagaStatus | None = None,
-        saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
-        business_key: Annotated[str | None, Query(max_length=200)] = None,
-        hours: Annotated[int, Query(ge=1, le=168)] = 6,
-    ) -> HTMLResponse:
-        if (shell := refused(request)) is not None:
-            return shell
-        known_type = saga_type if saga_type in {d.saga_type for d in app.registry} else None
-        recent = list_view(
-            app, status=status, saga_type=known_type, business_key=business_key or None, limit=50
-        )
-        return page(
-            "overview.html",
-            counts=_counts(app),
-            chart=_chart(app, hours),
-            history=_status_history(app, hours),
-            hours=hours,
-            stuck=stuck(app, limit=20),
-            recent=recent["sagas"],
-            held=_held_counts(app),
-            flow=_flow(app),
-            people=_waiting_for_people(app),
-            filters={
-                "status": status.value if status else "",
-                "type": saga_type or "",
-                "business_key": business_key or "",
-            },
-            statuses=STATUS_ORDER,
-            types=sorted({d.saga_type for d in app.registry}),
-        )
 
-    @web.get("/ui/sagas/{saga_id}", response_class=HTMLResponse, include_in_schema=False)
-    def saga_page(
-        request: Request,
-        saga_id: str,
-        before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
-        limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MOST)] = HISTORY_PAGE,
-    ) -> HTMLResponse:
-        if (shell := refused(request)) is not None:
-            return shell
-        try:
-            state, view = saga_state_and_view(
-                app, saga_id, history_limit=limit, history_before=before
-            )
-        except SagaNotFound as exc:
-            return page("missing.html", 404, what=str(exc))
-        definition = _definition(app, view)
-        offered, withheld = (
-            offers(definition, state, app.clock.now()) if definition is not None else (None, [])
-        )
-        return page(
-            "saga.html",
-            saga=view,
-            timeline=_timeline(view),
-            graph=_graph(app, view),
-            signals=_signals(app, view),
-            offered=offered,
-            withheld=withheld,
-            before=before,
-            page_limit="" if limit == HISTORY_PAGE else f"&limit={limit}",
-            statuses=STATUS_ORDER,
-        )
+def refused(request: Request) -> HTMLResponse | None:
+    """The shell without data, saying why, unless the request may read."""
+    gate: Gate = request.app.state.gate
+    try:
+        gate.require(request.headers.get("authorization"), READ)
+    except Unauthorized as exc:
+        return page("locked.html", 401, why=str(exc))
+    except Forbidden as exc:
+        return page("locked.html", 403, why=str(exc))
+    return None
 
-    @web.get("/ui/held", response_class=HTMLResponse, include_in_schema=False)
-    def held_page(
-        request: Request, holding: str = "dead_letter", status: str = "pending"
-    ) -> HTMLResponse:
-        if (shell := refused(request)) is not None:
-            return shell
-        holding = holding if holding in ("dead_letter", "parking") else "dead_letter"
-        status = status if status in ("pending", "replayed", "discarded", "all") else "pending"
-        with translated(app.settings.database_url), app.engine.connect() as conn:
-            rows = status_sql.held_with_sagas(
-                conn, holding, None if status == "all" else status, 200
-            )
-        return page("held.html", rows=rows, holding=holding, status=status, held=_held_counts(app))
 
-    @web.get("/ui/schedules", response_class=HTMLResponse, include_in_schema=False)
-    def schedules_page(request: Request) -> HTMLResponse:
-        if (shell := refused(request)) is not None:
-            return shell
-        view = schedules_view(app)
-        return page("schedules.html", view=view, held=_held_counts(app))
+@router.get("/", response_class=HTMLResponse)
+def overview(
+    request: Request,
+    app: App,
+    status: SagaStatus | None = None,
+    saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
+    business_key: Annotated[str | None, Query(max_length=200)] = None,
+    hours: Annotated[int, Query(ge=1, le=168)] = 6,
+) -> HTMLResponse:
+    if (shell := refused(request)) is not None:
+        return shell
+    known_type = saga_type if saga_type in {d.saga_type for d in app.registry} else None
+    recent = list_view(
+        app, status=status, saga_type=known_type, business_key=business_key or None, limit=50
+    )
+    return page(
+        "overview.html",
+        counts=_counts(app),
+        chart=_chart(app, hours),
+        history=_status_history(app, hours),
+        hours=hours,
+        stuck=stuck(app, limit=20),
+        recent=recent["sagas"],
+        held=_held_counts(app),
+        flow=_flow(app),
+        people=_waiting_for_people(app),
+        filters={
+            "status": status.value if status else "",
+            "type": saga_type or "",
+            "business_key": business_key or "",
+        },
+        statuses=STATUS_ORDER,
+        types=sorted({d.saga_type for d in app.registry}),
+    )
+
+
+@router.get("/ui/sagas/{saga_id}", response_class=HTMLResponse)
+def saga_page(
+    request: Request,
+    app: App,
+    saga_id: str,
+    before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MOST)] = HISTORY_PAGE,
+) -> HTMLResponse:
+    if (shell := refused(request)) is not None:
+        return shell
+    try:
+        state, view = saga_state_and_view(app, saga_id, history_limit=limit, history_before=before)
+    except SagaNotFound as exc:
+        return page("missing.html", 404, what=str(exc))
+    definition = _definition(app, view)
+    offered, withheld = (
+        offers(definition, state, app.clock.now()) if definition is not None else (None, [])
+    )
+    return page(
+        "saga.html",
+        saga=view,
+        timeline=_timeline(view),
+        graph=_graph(app, view),
+        signals=_signals(app, view),
+        offered=offered,
+        withheld=withheld,
+        before=before,
+        page_limit="" if limit == HISTORY_PAGE else f"&limit={limit}",
+        statuses=STATUS_ORDER,
+    )
+
+
+@router.get("/ui/held", response_class=HTMLResponse)
+def held_page(
+    request: Request, app: App, holding: str = "dead_letter", status: str = "pending"
+) -> HTMLResponse:
+    if (shell := refused(request)) is not None:
+        return shell
+    holding = holding if holding in ("dead_letter", "parking") else "dead_letter"
+    status = status if status in ("pending", "replayed", "discarded", "all") else "pending"
+    with translated(app.settings.database_url), app.engine.connect() as conn:
+        rows = status_sql.held_with_sagas(conn, holding, None if status == "all" else status, 200)
+    return page("held.html", rows=rows, holding=holding, status=status, held=_held_counts(app))
+
+
+@router.get("/ui/schedules", response_class=HTMLResponse)
+def schedules_page(request: Request, app: App) -> HTMLResponse:
+    if (shell := refused(request)) is not None:
+        return shell
+    view = schedules_view(app)
+    return page("schedules.html", view=view, held=_held_counts(app))
 
 
 def _definition(app: SagaApp, view: dict[str, Any]) -> SagaDefinition | None:

@@ -20,14 +20,24 @@ TOKENS = {scope: f"token-of-{scope}-only-0123456789" for scope in SCOPES}
 
 
 def served(web: Any) -> set[tuple[str, str]]:
-    """(method, path) of every route the app serves, static files and docs assets aside."""
+    """(method, path) of every route the app serves, static files and docs assets aside.
+    A FastAPI that includes routers lazily keeps them as one entry each, holding the
+    router it includes (``original_router``; none of ours has a prefix)."""
     found = set()
-    for route in web.routes:
-        if not isinstance(route, APIRoute | StarletteRoute) or route.path.startswith("/docs/"):
-            continue
-        for method in route.methods or ():
-            if method != "HEAD":
-                found.add((method, route.path))
+
+    def walk(routes: Any) -> None:
+        for route in routes:
+            included = getattr(route, "original_router", None)
+            if included is not None:
+                walk(included.routes)
+                continue
+            if not isinstance(route, APIRoute | StarletteRoute) or route.path.startswith("/docs/"):
+                continue
+            for method in route.methods or ():
+                if method != "HEAD":
+                    found.add((method, route.path))
+
+    walk(web.routes)
     return found
 
 

@@ -232,3 +232,22 @@ def test_the_example_does_not_import_the_tools():
                 else []
             )
             assert not [n for n in names if n.split(".")[0] == "tools"], path.name
+
+
+def test_the_web_edge_stands_on_ops_and_ops_never_on_the_web():
+    """``web`` reads through ``ops`` (views, operator actions); an import the other way
+    would make every CLI command and worker carry the web stack. The ``web`` command is
+    found by name (``ops.cli.plugins.EDGES``), not imported."""
+    upward = sorted(
+        f"{_rel(m)} -> {_rel(t)}"
+        for m, path in MODULES.items()
+        if m.startswith("saga_tasks.ops")
+        for t in _internal_targets(path)
+        if t.startswith("saga_tasks.web")
+    )
+    assert upward == []
+    from saga_tasks.ops.cli.plugins import EDGES, edge
+
+    for name in EDGES:
+        entry = edge(name)
+        assert entry is not None and entry.load().name == name

@@ -45,7 +45,6 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
 main.add_command(deploy.check)
 main.add_command(deploy.db)
 main.add_command(deploy.broker)
-main.add_command(deploy.web)
 main.add_command(deploy.init)
 main.add_command(sagas.start)
 main.add_command(sagas.show)

@@ -13,6 +13,16 @@ from saga_tasks.ops.cli.base import EXIT_CONFIG, errors, fail
 COMMANDS_GROUP = "saga_tasks.commands"
 """Entry-point group of the commands other distributions add to ``saga-tasks``."""
 
+EDGES = {"web": "saga_tasks.web.cli:web"}
+"""Built-in commands that live with the edge they serve (an import from ``ops`` would
+point upwards): found by name, loaded like a plugin when run or listed."""
+
+
+def edge(name: str) -> EntryPoint | None:
+    """The built-in command ``name`` of an edge, as an entry point (nothing imported)."""
+    where = EDGES.get(name)
+    return None if where is None else EntryPoint(name, where, COMMANDS_GROUP)
+
 
 @functools.cache
 def find() -> dict[str, EntryPoint]:
@@ -32,7 +42,8 @@ def load(entry: EntryPoint) -> click.Command:
 
 def broken(entry: EntryPoint, why: str) -> click.Command:
     """A stand-in that lists in ``--help`` and, when run, fails naming the plugin."""
-    origin = f"entry point {entry.value}" + (f" of {entry.dist.name}" if entry.dist else "")
+    dist = getattr(entry, "dist", None)
+    origin = f"entry point {entry.value}" + (f" of {dist.name}" if dist else "")
 
     def refuse() -> None:
         fail(f"the command {entry.name!r} cannot be loaded ({origin}): {why}", EXIT_CONFIG)
@@ -50,17 +61,18 @@ def broken(entry: EntryPoint, why: str) -> click.Command:
 
 
 class Commands(click.Group):
-    """The built-in commands, then those of plugins (``saga_tasks.commands``), loaded only
-    when run or listed. A built-in command keeps its name against a plugin's."""
+    """The built-in commands (those of the edges, ``EDGES``, loaded when run or listed),
+    then those of plugins (``saga_tasks.commands``), loaded likewise. A built-in command
+    keeps its name against a plugin's."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *find()})
+        return sorted({*super().list_commands(ctx), *EDGES, *find()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             return command
-        entry = find().get(cmd_name)
+        entry = edge(cmd_name) or find().get(cmd_name)
         return None if entry is None else load(entry)
 
     def invoke(self, ctx: click.Context) -> Any:

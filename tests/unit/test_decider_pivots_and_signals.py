@@ -1,4 +1,4 @@
-"""Review of branches, the pivot and human steps: each test pins a defect found by
+"""Branches, the pivot and human steps at their edges: each test pins a defect found by
 trying to break them (a saga stranded, a signal refused that a client may retry, a
 branch not taken sent anyway, a pivot that succeeded after compensation began)."""
 

@@ -1,4 +1,4 @@
-"""Review of flow control: defects found in the change, each shown by a test that failed.
+"""Flow control's waiting commands: fences, resends, replays and lifted limits at the edge.
 
 Every test runs the order saga with at most one inventory command out at once, so a
 second saga's reserve_stock (or fence, or compensation) waits in saga.saga_dispatch."""

@@ -1,4 +1,4 @@
-"""Review: replaying what the saga still waits for.
+"""Replaying what the saga still waits for.
 
 Two held messages the saga awaits are called "late: the step has moved on" by
 ``holding.replay_checks``, which blocks their replay unless forced: the dead command of a

@@ -1,4 +1,4 @@
-"""Review of operator generations, fences, late answers and the sweeper's hand-over.
+"""Operator generations, fences, late answers and the sweeper's hand-over.
 
 Each test pins one ordering or operator action that the decider (or the sweep shell
 around it) got wrong. A test still marked ``xfail(strict=True)`` is a known defect, named

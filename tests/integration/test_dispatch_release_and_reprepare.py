@@ -1,8 +1,6 @@
-"""Review of the change that moved flow control's release into ``saga.dispatch_release``
-(migration 0006), with ``saga_dispatch.paused`` written by the decision statement, and
-of the re-PREPARE of prepared statements at doubling intervals.
-
-Each test shows one defect, and fails on the change as it stands."""
+"""Flow control's release in ``saga.dispatch_release`` (migration 0006), with
+``saga_dispatch.paused`` written by the decision statement, and the re-PREPARE of prepared
+statements at doubling intervals: each test pins one defect that was found there."""
 
 from __future__ import annotations
 
