@@ -314,6 +314,16 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        self._check_urls()
+        self._check_words()
+        self.tokens()
+        for limits in ("max_in_flight", "rate_limit", "max_active"):
+            self.queue_limits(limits)
+        self._check_seconds()
+        self._check_bounds()
+
+    def _check_urls(self) -> None:
+        """Every URL parses (a password stays out of the error)."""
         if self.database_url or not self.participants_apart:
             # Empty only in a participant's own process: it never opens the saga database.
             check_url("SAGA_DATABASE_URL", self.database_url)
@@ -321,6 +331,11 @@ class Settings:
             check_url("SAGA_PARTICIPANT_DATABASE_URL", url.replace("{participant}", "p"))
         check_url("SAGA_BROKER_URL", self.broker_url, failover=True)
         check_url("SAGA_RESULT_BACKEND", self.result_backend)
+        if self.api_base_url and not self.api_base_url.startswith(("http://", "https://")):
+            raise ConfigurationError("SAGA_API_BASE_URL must be an http(s) URL or empty")
+
+    def _check_words(self) -> None:
+        """Settings that take one of a few words, or a word of a few characters."""
         if not re.fullmatch(r"[A-Za-z0-9._-]*", self.broker_user_prefix):
             raise ConfigurationError("SAGA_BROKER_USER_PREFIX: letters, digits, '.', '_', '-'")
         if self.queue_type not in ("classic", "quorum"):
@@ -332,11 +347,6 @@ class Settings:
             raise ConfigurationError(
                 "SAGA_UNKNOWN_ERROR_RETRIES must be >= 0 and SAGA_POISON_LIMIT >= 1"
             )
-        self.tokens()
-        for limits in ("max_in_flight", "rate_limit", "max_active"):
-            self.queue_limits(limits)
-        if self.max_waiting < 0:
-            raise ConfigurationError("SAGA_MAX_WAITING must be 0 (no limit) or more")
         if not (
             self.trace_export in ("off", "console")
             or (self.trace_export.startswith("file:") and self.trace_export[5:].strip())
@@ -350,6 +360,9 @@ class Settings:
             raise ConfigurationError(
                 f"SAGA_LOG_FORMAT must be 'text' or 'json', not {self.log_format!r}"
             )
+
+    def _check_seconds(self) -> None:
+        """Intervals and ages: finite, positive, and in the order they must keep."""
         for name in (
             "mark_interval",
             "relay_interval",
@@ -374,14 +387,13 @@ class Settings:
                 raise ConfigurationError(f"{_env_name(name)} must be positive")
         if self.mark_interval >= self.relay_min_age:
             raise ConfigurationError("SAGA_MARK_INTERVAL must be below SAGA_RELAY_MIN_AGE")
-        if self.api_base_url and not self.api_base_url.startswith(("http://", "https://")):
-            raise ConfigurationError("SAGA_API_BASE_URL must be an http(s) URL or empty")
-        if self.api_max_body < 1024:
-            raise ConfigurationError("SAGA_API_MAX_BODY must be at least 1024 bytes")
-        self._check_bounds()
 
     def _check_bounds(self) -> None:
         """Values that parse and look sane but switch a guarantee off without a word."""
+        if self.max_waiting < 0:
+            raise ConfigurationError("SAGA_MAX_WAITING must be 0 (no limit) or more")
+        if self.api_max_body < 1024:
+            raise ConfigurationError("SAGA_API_MAX_BODY must be at least 1024 bytes")
         for name, why in (
             # LIMIT 0 claims nothing (no timeout fires, nothing is recovered); a negative
             # LIMIT fails every pass.
