@@ -192,15 +192,23 @@ def first_line(error: BaseException) -> str:
 
 
 class ServiceUnavailable(SagaTasksError):
-    """A backing service cannot be reached; the message names it and its masked URL."""
+    """A backing service cannot be reached; the message names it and its URL.
+
+    The one way such an error is made, so none can leak a password: ``url`` is masked
+    here, and ``detail`` (a text, or the driver's error, of which the first line is
+    kept) is scrubbed of every piece of the URL's password and cut to 300 characters.
+    """
 
     retryable = True
 
-    def __init__(self, service: str, url: str, detail: str) -> None:
-        super().__init__(f"cannot reach {service} at {url}: {detail}")
+    def __init__(self, service: str, url: str, detail: str | BaseException) -> None:
+        from saga_tasks.urls import mask_url, scrub
+
+        text = first_line(detail) if isinstance(detail, BaseException) else detail
         self.service = service
-        self.url = url
-        self.detail = detail
+        self.url = mask_url(url)
+        self.detail = scrub(text, url)[:300]
+        super().__init__(f"cannot reach {service} at {self.url}: {self.detail}")
 
 
 class PublishFailed(ServiceUnavailable):

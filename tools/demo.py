@@ -37,11 +37,12 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from saga_tasks.config import Settings, mask_url
+from saga_tasks.config import Settings
 from saga_tasks.core.states import TERMINAL_SAGA, SagaStatus
 from saga_tasks.errors import SagaTasksError
 from saga_tasks.ops.broker_users import read_env
 from saga_tasks.ops.processes import Supervisor, WorkerProcess, service_env
+from saga_tasks.urls import mask_url
 from tools.capacity import measure
 
 STATE_DIR = Path(".demo")

@@ -17,8 +17,7 @@ from urllib.parse import quote
 
 from kombu import Connection
 
-from saga_tasks.config import unavailable
-from saga_tasks.errors import ConfigurationError
+from saga_tasks.errors import ConfigurationError, ServiceUnavailable
 
 
 @dataclass
@@ -113,11 +112,11 @@ class RabbitAdmin:
         try:
             return self._request(method, path, body)
         except urllib.error.HTTPError as exc:
-            raise unavailable(
+            raise ServiceUnavailable(
                 "RabbitMQ management API", self.api, OSError(f"{method} {path}: HTTP {exc.code}")
             ) from exc
         except (urllib.error.URLError, OSError) as exc:
-            raise unavailable("RabbitMQ management API", self.api, exc) from exc
+            raise ServiceUnavailable("RabbitMQ management API", self.api, exc) from exc
 
     def user_exists(self, name: str) -> bool:
         try:
@@ -125,11 +124,11 @@ class RabbitAdmin:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return False
-            raise unavailable(
+            raise ServiceUnavailable(
                 "RabbitMQ management API", self.api, OSError(f"HTTP {exc.code}")
             ) from exc
         except (urllib.error.URLError, OSError) as exc:
-            raise unavailable("RabbitMQ management API", self.api, exc) from exc
+            raise ServiceUnavailable("RabbitMQ management API", self.api, exc) from exc
         return True
 
     def put_user(self, name: str, password: str) -> None:
@@ -170,7 +169,7 @@ class RabbitAdmin:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
-            raise unavailable(
+            raise ServiceUnavailable(
                 "RabbitMQ management API", self.api, OSError(f"HTTP {exc.code}")
             ) from exc
         return {k: found[k] for k in ("configure", "write", "read")}
@@ -222,7 +221,7 @@ def check_broker(url: str) -> None:
         with Connection(url, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
     except Exception as exc:
-        raise unavailable("RabbitMQ", url, exc) from exc
+        raise ServiceUnavailable("RabbitMQ", url, exc) from exc
 
 
 def vhost_missing(url: str) -> bool:
@@ -237,7 +236,7 @@ def vhost_missing(url: str) -> bool:
     except NotAllowed as exc:
         if "vhost" in str(exc):
             return True
-        raise unavailable("RabbitMQ", url, exc) from exc
+        raise ServiceUnavailable("RabbitMQ", url, exc) from exc
     except Exception as exc:
-        raise unavailable("RabbitMQ", url, exc) from exc
+        raise ServiceUnavailable("RabbitMQ", url, exc) from exc
     return False

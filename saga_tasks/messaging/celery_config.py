@@ -15,9 +15,10 @@ import redis
 from celery import Celery
 from celery.app.amqp import AMQP
 
-from saga_tasks.config import Settings, mask_url
+from saga_tasks.config import Settings
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE, Topology
 from saga_tasks.messaging.users import broker_user
+from saga_tasks.urls import mask_url
 
 CONSUMER = "saga_tasks.worker.consumer:SagaConsumer"
 BEAT_SCHEDULER = "saga_tasks.worker.scheduler:SagaBeat"

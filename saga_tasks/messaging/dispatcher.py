@@ -39,11 +39,11 @@ from amqp.exceptions import AMQPError
 from kombu import Connection
 from sqlalchemy import Engine, Table
 
-from saga_tasks.config import mask_url
 from saga_tasks.core.messages import OutboundMessage
 from saga_tasks.observability import metrics
 from saga_tasks.persistence import outbox
 from saga_tasks.persistence.db import translated
+from saga_tasks.urls import mask_url
 
 log = logging.getLogger("saga_tasks.dispatcher")
 

@@ -20,11 +20,11 @@ from celery.utils.nodenames import anon_nodename
 from kombu.exceptions import KombuError
 from kombu.utils.json import dumps
 
-from saga_tasks.config import mask_url
 from saga_tasks.core.messages import OutboundMessage, describe
 from saga_tasks.errors import PublishFailed
 from saga_tasks.messaging.topology import Topology
 from saga_tasks.messaging.users import broker_user
+from saga_tasks.urls import mask_url
 
 log = logging.getLogger("saga_tasks.publisher")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from kombu import Connection
 
-from saga_tasks.config import unavailable
+from saga_tasks.errors import ServiceUnavailable
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def take(
                 if acked is not None:
                     acked()
     except OSError as exc:
-        raise unavailable("RabbitMQ", broker_url, exc) from exc
+        raise ServiceUnavailable("RabbitMQ", broker_url, exc) from exc
     return taken
 
 

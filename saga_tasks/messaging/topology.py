@@ -29,8 +29,7 @@ from typing import Any
 from amqp.exceptions import NotFound, PreconditionFailed
 from kombu import Connection, Exchange, Queue
 
-from saga_tasks.config import unavailable
-from saga_tasks.errors import TopologyMismatch
+from saga_tasks.errors import ServiceUnavailable, TopologyMismatch
 
 COMMANDS_EXCHANGE = Exchange("saga.commands", type="topic", durable=True)
 REPLIES_EXCHANGE = Exchange("saga.replies", type="direct", durable=True)
@@ -249,5 +248,5 @@ def declare_topology(broker_url: str, topology: Topology) -> list[str]:
         try:
             conn.ensure_connection(max_retries=1)
         except Exception as exc:
-            raise unavailable("RabbitMQ", broker_url, exc) from exc
+            raise ServiceUnavailable("RabbitMQ", broker_url, exc) from exc
         return topology.declare(conn)

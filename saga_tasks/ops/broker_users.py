@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from saga_tasks.config import mask_url
 from saga_tasks.core.senders import Senders
 from saga_tasks.errors import ConfigurationError
 from saga_tasks.messaging.admin import RabbitAdmin
 from saga_tasks.messaging.topology import Topology
 from saga_tasks.messaging.users import Grant, credentials, grants, service_url, vhost_of
+from saga_tasks.urls import mask_url
 
 URL_KEY = "SAGA_BROKER_URL"
 PREFIX_KEY = "SAGA_BROKER_USER_PREFIX"

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
-from saga_tasks.config import Settings, mask_url
+from saga_tasks.config import Settings
 from saga_tasks.errors import ConfigurationError, ServiceUnavailable
 from saga_tasks.messaging.admin import RabbitAdmin, queue_depths
 from saga_tasks.persistence.admin import (
@@ -19,6 +19,7 @@ from saga_tasks.persistence.admin import (
     drop_database,
     list_databases,
 )
+from saga_tasks.urls import mask_url
 
 ADMIN_URL_VARIABLE = "SAGA_TEST_ADMIN_URL"
 BROKER_URL_VARIABLE = "SAGA_TEST_BROKER_URL"

@@ -13,10 +13,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from saga_tasks.config import Settings, mask_url, scrub, unavailable
+from saga_tasks.config import Settings
 from saga_tasks.core.clock import Clock, SystemClock
-from saga_tasks.errors import ConfigurationError, first_line
+from saga_tasks.errors import ConfigurationError, ServiceUnavailable, first_line
 from saga_tasks.persistence.readsql import Query, plain, pyformat
+from saga_tasks.urls import mask_url, scrub
 
 
 class Reader:
@@ -40,7 +41,7 @@ class Reader:
                 f"postgresql://{rest}", connect_timeout=5, application_name="saga_tasks"
             )
         except psycopg2.OperationalError as error:
-            raise unavailable("PostgreSQL", url, error) from error
+            raise ServiceUnavailable("PostgreSQL", url, error) from error
         except psycopg2.ProgrammingError as error:  # libpq cannot read the URL: one line
             why = scrub(first_line(error), url)
             raise ConfigurationError(
@@ -55,7 +56,7 @@ class Reader:
                         cursor.execute(pyformat(sql), dict(params))
                         return [plain(row) for row in cursor]
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as error:
-                    raise unavailable("PostgreSQL", url, error) from error
+                    raise ServiceUnavailable("PostgreSQL", url, error) from error
 
             yield run
         finally:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from saga_tasks.config import Settings, mask_url, unavailable
+from saga_tasks.config import Settings
 from saga_tasks.errors import ConfigurationError, InputError, ServiceUnavailable
 from saga_tasks.messaging.admin import check_broker
 from saga_tasks.persistence.admin import ensure_database
@@ -23,6 +23,7 @@ from saga_tasks.persistence.migrate import (
     revision,
     upgrade,
 )
+from saga_tasks.urls import mask_url
 
 if TYPE_CHECKING:
     from saga_tasks.app import SagaApp
@@ -35,7 +36,7 @@ def check_redis(url: str) -> None:
         client.ping()
         client.close()
     except (redis.RedisError, OSError, ValueError) as exc:
-        raise unavailable("Redis", url, exc) from exc
+        raise ServiceUnavailable("Redis", url, exc) from exc
 
 
 def check_all(settings: Settings) -> None:

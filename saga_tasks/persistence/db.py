@@ -23,8 +23,7 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.pool import NullPool
 
-from saga_tasks.config import unavailable
-from saga_tasks.errors import ConcurrencyConflict, InputError, first_line
+from saga_tasks.errors import ConcurrencyConflict, InputError, ServiceUnavailable, first_line
 from saga_tasks.persistence.prepared import PREPARE_KEY
 from saga_tasks.persistence.readsql import Query, plain
 
@@ -111,9 +110,9 @@ def translated(url: str | URL) -> Iterator[None]:
     except exc.OperationalError as error:
         if _is_serialization_failure(error):
             raise ConcurrencyConflict(str(error.orig).strip()) from error
-        raise unavailable("PostgreSQL", _written(url), error) from error
+        raise ServiceUnavailable("PostgreSQL", _written(url), error) from error
     except exc.InterfaceError as error:
-        raise unavailable("PostgreSQL", _written(url), error) from error
+        raise ServiceUnavailable("PostgreSQL", _written(url), error) from error
 
 
 def _written(url: str | URL) -> str:

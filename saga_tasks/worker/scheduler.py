@@ -26,11 +26,11 @@ from typing import Any, Protocol
 from redbeat import RedBeatScheduler
 from redbeat.schedulers import get_redis
 
-from saga_tasks.config import mask_url
 from saga_tasks.core.schedules import Schedule, format_tick, parse_tick, plan
 from saga_tasks.errors import PublishFailed
 from saga_tasks.messaging.topology import MAINTENANCE_QUEUE
 from saga_tasks.runtime.schedules import Timetable
+from saga_tasks.urls import mask_url
 from saga_tasks.worker.beat import FIRE_SCHEDULE_TASK
 
 log = logging.getLogger("saga_tasks.worker.scheduler")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from saga_tasks.config import Settings, mask_url, scrub
+from saga_tasks.config import Settings
 from saga_tasks.errors import ConfigurationError
 from saga_tasks.messaging.topology import (
     DEAD_LETTER_QUEUE,
@@ -16,6 +16,7 @@ from saga_tasks.messaging.topology import (
     command_routing_key,
     retry_queue,
 )
+from saga_tasks.urls import mask_url, scrub
 from tests.docs import page
 
 
