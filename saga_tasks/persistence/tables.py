@@ -382,3 +382,35 @@ the start's own transaction) or why it started none (``error``: late, the payloa
 raised, the payload was refused, admission control). ``firings`` > 1: the tick was fired
 again (a takeover, a redelivery) and started nothing more; ``missed_before``: ticks before
 this one that no firing started (beat away, or too late)."""
+
+bulk_run = Table(
+    "bulk_run",
+    metadata,
+    Column("incident", Text, primary_key=True),
+    Column("verb", Text, nullable=False),
+    Column("selection", JSONB, nullable=False),
+    Column("options", JSONB, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    schema=SAGA_SCHEMA,
+)
+"""One row per incident acted on in bulk: the verb, the filter that chose its sagas and
+who ran it. Running the same incident again continues it; another verb or filter under
+its name is refused."""
+
+bulk_item = Table(
+    "bulk_item",
+    metadata,
+    Column("incident", Text, nullable=False),
+    Column("saga_id", UUID(as_uuid=False), nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("detail", Text),
+    Column("at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("incident", "saga_id", name="pk_bulk_item"),
+    schema=SAGA_SCHEMA,
+)
+"""Each saga a bulk run reached: ``accepted`` (written in the transaction of the action
+itself, so a run killed at any instant never acts twice on a saga) or ``refused`` with
+the decider's reason."""

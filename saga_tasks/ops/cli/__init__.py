@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from saga_tasks.ops.cli import deploy, held, operators, sagas, schedules
+from saga_tasks.ops.cli import bulk, deploy, held, operators, sagas, schedules
 from saga_tasks.ops.cli.base import (
     EXIT_CONFIG,
     EXIT_INPUT,
@@ -56,8 +56,10 @@ main.add_command(operators.retry_step)
 main.add_command(operators.signal)
 main.add_command(operators.skip_step)
 main.add_command(operators.compensate)
+main.add_command(operators.cancel)
 main.add_command(operators.resolve)
 main.add_command(operators.migrate)
 main.add_command(operators.stuck)
+main.add_command(bulk.bulk)
 main.add_command(held.dlq)
 main.add_command(held.parking)

@@ -92,6 +92,15 @@ def compensate(
          expect_version=expect_version)  # fmt: skip
 
 
+cancel = click.Command(
+    "cancel",
+    params=compensate.params,
+    callback=compensate.callback,
+    help="Cancel a running saga, or one in manual review: compensate it (what it did is "
+    "undone, step by step). The same as compensate.",
+)
+
+
 @click.command("resolve")
 @click.argument("saga_id")
 @click.option(

@@ -1,0 +1,216 @@
+"""Bulk actions by incident: which sagas a filter selects, the run's row, and what it did
+to each saga.
+
+A saga is acted on in a transaction that also inserts its ``bulk_item`` row (on the
+incident's and saga's key): killed at any instant, a run has either done both or
+neither, so running the incident again continues with the sagas it has not reached and
+never acts twice on one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, and_, exists, func, not_, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.elements import ColumnElement
+
+from saga_tasks.persistence.tables import bulk_item, bulk_run, saga_instance, saga_step
+
+ACCEPTED = "accepted"
+REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which sagas a bulk run acts on; every field given must hold (and), none: all."""
+
+    saga_type: str | None = None
+    status: str | None = None
+    definition_version: int | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    key_prefix: str | None = None
+    error: str | None = None
+    """Text in the saga's reason or in a step's last error (case-insensitive)."""
+
+    def document(self) -> dict[str, Any]:
+        """The selection as the JSON stored with its run (what was given only)."""
+        return {
+            k: (v.isoformat() if isinstance(v, datetime) else v)
+            for k, v in asdict(self).items()
+            if v is not None
+        }
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _where(sel: Selection) -> list[ColumnElement[bool]]:
+    s = saga_instance.c
+    found: list[ColumnElement[bool]] = []
+    if sel.saga_type is not None:
+        found.append(s.saga_type == sel.saga_type)
+    if sel.status is not None:
+        found.append(s.status == sel.status)
+    if sel.definition_version is not None:
+        found.append(s.definition_version == sel.definition_version)
+    if sel.created_after is not None:
+        found.append(s.created_at >= sel.created_after)
+    if sel.created_before is not None:
+        found.append(s.created_at < sel.created_before)
+    if sel.key_prefix is not None:
+        found.append(s.business_key.like(_like(sel.key_prefix)[1:], escape="\\"))
+    if sel.error is not None:
+        pattern = _like(sel.error)
+        step_error = exists().where(
+            and_(
+                saga_step.c.saga_id == s.saga_id,
+                saga_step.c.last_error.ilike(pattern, escape="\\"),
+            )
+        )
+        found.append(or_(s.status_reason.ilike(pattern, escape="\\"), step_error))
+    return found
+
+
+def count(conn: Connection, sel: Selection) -> int:
+    """How many sagas the selection holds now."""
+    query = select(func.count()).select_from(saga_instance).where(*_where(sel))
+    return int(conn.execute(query).scalar_one())
+
+
+def sample(conn: Connection, sel: Selection, limit: int) -> list[dict[str, Any]]:
+    """The first sagas of the selection, oldest first, as a dry run shows them."""
+    s = saga_instance.c
+    query = (
+        select(s.saga_id, s.saga_type, s.business_key, s.status, s.status_reason, s.created_at)
+        .where(*_where(sel))
+        .order_by(s.created_at, s.saga_id)
+        .limit(limit)
+    )
+    return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _unreached(incident: str) -> ColumnElement[bool]:
+    s = saga_instance.c
+    return not_(
+        exists().where(and_(bulk_item.c.incident == incident, bulk_item.c.saga_id == s.saga_id))
+    )
+
+
+def pending(conn: Connection, incident: str, sel: Selection, limit: int) -> list[str]:
+    """The next sagas of the selection the incident has not reached, oldest first."""
+    s = saga_instance.c
+    query = (
+        select(s.saga_id)
+        .where(*_where(sel), _unreached(incident))
+        .order_by(s.created_at, s.saga_id)
+        .limit(limit)
+    )
+    return [str(r) for r in conn.execute(query).scalars()]
+
+
+def count_pending(conn: Connection, incident: str, sel: Selection) -> int:
+    """How many sagas of the selection the incident has not reached."""
+    query = (
+        select(func.count()).select_from(saga_instance).where(*_where(sel), _unreached(incident))
+    )
+    return int(conn.execute(query).scalar_one())
+
+
+@dataclass(frozen=True)
+class Run:
+    incident: str
+    verb: str
+    selection: dict[str, Any]
+    options: dict[str, Any]
+    actor: str
+    reason: str
+    started_at: datetime
+    finished_at: datetime | None
+
+
+def begin(conn: Connection, run: Run) -> tuple[Run, bool]:
+    """The incident's run: this one, inserted, or the one already under its name
+    (``False``: it was there), for the caller to check it is the same."""
+    row = conn.execute(
+        pg_insert(bulk_run)
+        .values(
+            incident=run.incident,
+            verb=run.verb,
+            selection=run.selection,
+            options=run.options,
+            actor=run.actor,
+            reason=run.reason,
+            started_at=run.started_at,
+        )
+        .on_conflict_do_nothing(index_elements=["incident"])
+        .returning(bulk_run.c.incident)
+    ).first()
+    if row is not None:
+        return run, True
+    found = find(conn, run.incident)
+    assert found is not None
+    return found, False
+
+
+def find(conn: Connection, incident: str) -> Run | None:
+    row = conn.execute(select(bulk_run).where(bulk_run.c.incident == incident)).first()
+    if row is None:
+        return None
+    m = row._mapping
+    return Run(
+        incident=m["incident"],
+        verb=m["verb"],
+        selection=_json(m["selection"]),
+        options=_json(m["options"]),
+        actor=m["actor"],
+        reason=m["reason"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+    )
+
+
+def _json(value: Any) -> dict[str, Any]:
+    return dict(json.loads(value) if isinstance(value, str) else value)
+
+
+def reached(
+    conn: Connection,
+    incident: str,
+    saga_id: str,
+    *,
+    outcome: str,
+    detail: str | None = None,
+    now: datetime,
+) -> bool:
+    """Write that the incident reached the saga; False if it had already (a run of the
+    same incident at the same time got there first: the caller rolls its action back)."""
+    row = conn.execute(
+        pg_insert(bulk_item)
+        .values(incident=incident, saga_id=saga_id, outcome=outcome, detail=detail, at=now)
+        .on_conflict_do_nothing(index_elements=["incident", "saga_id"])
+        .returning(bulk_item.c.saga_id)
+    ).first()
+    return row is not None
+
+
+def tally(conn: Connection, incident: str) -> dict[str, int]:
+    """How many sagas the incident reached, by outcome."""
+    rows = conn.execute(
+        select(bulk_item.c.outcome, func.count())
+        .where(bulk_item.c.incident == incident)
+        .group_by(bulk_item.c.outcome)
+    ).all()
+    counts = {ACCEPTED: 0, REFUSED: 0}
+    counts.update({str(outcome): int(n) for outcome, n in rows})
+    return counts
+
+
+def finish(conn: Connection, incident: str, now: datetime) -> None:
+    conn.execute(bulk_run.update().where(bulk_run.c.incident == incident).values(finished_at=now))
