@@ -44,6 +44,8 @@ class Progress:
     total: int
     accepted: int = 0
     refused: int = 0
+    moved: int = 0
+    """Selected when their batch was read, out of the selection when locked: left alone."""
     this_run: int = 0
     started: float = field(default_factory=time.monotonic)
     refusals: list[tuple[str, str]] = field(default_factory=list)
@@ -51,7 +53,7 @@ class Progress:
 
     @property
     def done(self) -> int:
-        return self.accepted + self.refused
+        return self.accepted + self.refused + self.moved
 
     @property
     def rate(self) -> float:
@@ -64,6 +66,7 @@ class Progress:
             "selected": self.total,
             "accepted": self.accepted,
             "refused": self.refused,
+            "moved": self.moved,
             "this_run": self.this_run,
             "per_second": round(self.rate, 1),
             "refusals": [{"saga_id": s, "reason": r} for s, r in self.refusals],
@@ -117,8 +120,8 @@ def run(
         left = bulk.count_pending(conn, incident, selection)
         counts = bulk.tally(conn, incident)
     _same_run(found, asked)
-    accepted, refused = counts[bulk.ACCEPTED], counts[bulk.REFUSED]
-    progress = Progress(incident, left + accepted + refused, accepted, refused)
+    accepted, refused, moved = counts[bulk.ACCEPTED], counts[bulk.REFUSED], counts[bulk.MOVED]
+    progress = Progress(incident, left + accepted + refused + moved, accepted, refused, moved)
     on_progress(progress)
     said = OperatorAction(
         verb=action.verb,
@@ -133,7 +136,7 @@ def run(
         if not batch:
             break
         for saga_id in batch:
-            _one(app, incident, saga_id, said, progress)
+            _one(app, incident, saga_id, said, selection=selection, progress=progress)
             on_progress(progress)
             if rate:
                 _pace(progress, rate)
@@ -143,11 +146,25 @@ def run(
 
 
 def _one(
-    app: SagaApp, incident: str, saga_id: str, action: OperatorAction, progress: Progress
+    app: SagaApp,
+    incident: str,
+    saga_id: str,
+    action: OperatorAction,
+    *,
+    selection: Selection,
+    progress: Progress,
 ) -> None:
+    """Act on one saga, if the selection still holds it once its row is locked (it may
+    have moved since its batch was read: left alone then, as ``moved``)."""
     url = app.settings.database_url
+    now = app.clock.now()
     try:
         with translated(url), app.engine.begin() as conn:
+            if not bulk.lock_if_selected(conn, saga_id, selection):
+                if bulk.reached(conn, incident, saga_id, outcome=bulk.MOVED, now=now):
+                    progress.moved += 1
+                    progress.this_run += 1
+                return
             messages, _after = app.orchestrator.act_in(conn, saga_id, action, expect_version=None)
             if not bulk.reached(
                 conn, incident, saga_id, outcome=bulk.ACCEPTED, now=app.clock.now()

@@ -22,6 +22,8 @@ from saga_tasks.persistence.tables import bulk_item, bulk_run, saga_instance, sa
 
 ACCEPTED = "accepted"
 REFUSED = "refused"
+MOVED = "moved"
+"""Selected when the run read its batch, no longer when it locked the saga: not acted on."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,14 @@ def sample(conn: Connection, sel: Selection, limit: int) -> list[dict[str, Any]]
         .limit(limit)
     )
     return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def lock_if_selected(conn: Connection, saga_id: str, sel: Selection) -> bool:
+    """Lock the saga's row if the selection still holds it (the caller acts in this
+    transaction); False if it moved out of the selection since its batch was read."""
+    s = saga_instance.c
+    query = select(s.saga_id).where(s.saga_id == saga_id, *_where(sel)).with_for_update()
+    return conn.execute(query).first() is not None
 
 
 def _unreached(incident: str) -> ColumnElement[bool]:
@@ -207,7 +217,7 @@ def tally(conn: Connection, incident: str) -> dict[str, int]:
         .where(bulk_item.c.incident == incident)
         .group_by(bulk_item.c.outcome)
     ).all()
-    counts = {ACCEPTED: 0, REFUSED: 0}
+    counts = {ACCEPTED: 0, REFUSED: 0, MOVED: 0}
     counts.update({str(outcome): int(n) for outcome, n in rows})
     return counts
 

@@ -79,6 +79,20 @@ def test_a_chain_written_by_init_migrates_the_participant_and_refuses_to_overwri
             assert "seat" in inspect(engine).get_table_names(schema="flights")
         finally:
             engine.dispose()
+        # Nothing changed since: no file, and it says so.
+        same = cli("db", "revision", "flights", "-m", "noop", cwd=tmp_path, env=env)
+        assert same.returncode == 0, same.stderr
+        assert same.stdout.startswith("nothing to write: the database flights migrates matches")
+        assert sorted(p.name for p in script.parent.glob("*.py")) == [
+            "0001_flights_schema.py",
+            "0002_seats.py",
+        ]
+        # A chain whose env.py names no metadata (init without --module) says what to do.
+        env_py = tmp_path / "migrations/flights/env.py"
+        env_py.write_text(env_py.read_text().replace("flights.metadata", "None"))
+        blind = cli("db", "revision", "flights", "-m", "x", cwd=tmp_path, env=env)
+        assert blind.returncode == 1 and blind.stderr.count("\n") == 1, blind.stderr
+        assert "set target_metadata=<participant>.metadata" in blind.stderr
         unknown = cli("db", "revision", "hotels", "-m", "x", cwd=tmp_path, env=env)
         assert unknown.returncode == 2
         assert "'hotels': no participant with migrations= nor app chain" in unknown.stderr

@@ -26,7 +26,7 @@ class _Every:
         self.last = now
         click.echo(
             f"incident {progress.incident}: {progress.done}/{progress.total} "
-            f"(accepted {progress.accepted}, refused {progress.refused}), "
+            f"(accepted {progress.accepted}, refused {progress.refused}, moved {progress.moved}), "
             f"{progress.rate:.1f}/s",
             err=True,
         )
@@ -120,7 +120,8 @@ def _render_dry(v: dict[str, Any]) -> None:
 
 def _render_done(v: dict[str, Any]) -> None:
     click.echo(
-        f"incident {v['incident']}: {v['accepted']} accepted, {v['refused']} refused "
+        f"incident {v['incident']}: {v['accepted']} accepted, {v['refused']} refused, "
+        f"{v['moved']} moved out of the selection "
         f"of {v['selected']} ({v['this_run']} in this run, {v['per_second']}/s)"
     )
     for r in v["refusals"]:

@@ -77,6 +77,12 @@ def db_revision(obj: Context, chain: str, message: str, autogenerate: bool) -> N
     with errors():
         url, location = services.chain_of(obj.app(), chain)
         written = services.revision(url, location, message, autogenerate=autogenerate)
+    if written is None:
+        click.echo(
+            f"nothing to write: the database {chain} migrates matches its tables "
+            "(--empty writes a revision to fill in by hand)"
+        )
+        return
     click.echo(f"wrote {written}")
     click.echo("next: read it, then saga-tasks db upgrade", err=True)
 
