@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, get_args, overload
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, MetaData, Table
@@ -65,13 +65,50 @@ INVALID_PAYLOAD = "invalid_payload"
 """The code of the failure a handler's ``payload=`` model answers for a payload it refuses."""
 
 
+SHOWN_ERRORS = 5
+"""Errors a refusal names; the rest are counted."""
+
+
 def refusal(model: type[BaseModel], error: ValidationError) -> BusinessRejection:
-    """The failure a payload the model refuses makes: where and why, never the value."""
-    where = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or '(payload)'}: {e['type']}"
-        for e in error.errors(include_input=False, include_url=False)
+    """The failure a payload the model refuses makes: where and why, never a value.
+
+    A location names fields of the model (and of the models inside it) and list
+    positions only; any other part of it comes from the payload (a dict's key, an extra
+    key refused, a tagged union's tag) and shows as ``*``. At most ``SHOWN_ERRORS``
+    errors are named, the rest counted, so a refusal stays short however bad the payload.
+    """
+    names = _field_names(model)
+
+    def where(loc: tuple[int | str, ...]) -> str:
+        parts = [str(p) if isinstance(p, int) or p in names else "*" for p in loc]
+        return ".".join(parts) or "(payload)"
+
+    errors = error.errors(include_input=False, include_url=False, include_context=False)
+    shown = "; ".join(f"{where(e['loc'])}: {e['type']}" for e in errors[:SHOWN_ERRORS])
+    more = f"; +{len(errors) - SHOWN_ERRORS} more" if len(errors) > SHOWN_ERRORS else ""
+    return BusinessRejection(
+        INVALID_PAYLOAD, f"{model.__name__} refused the payload ({shown}{more})"
     )
-    return BusinessRejection(INVALID_PAYLOAD, f"{model.__name__} refused the payload ({where})")
+
+
+def _field_names(model: type[BaseModel]) -> frozenset[str]:
+    """The field names and aliases of ``model`` and of every model its fields hold."""
+    found: set[str] = set()
+    seen: set[type] = set()
+    todo: list[Any] = [model]
+    while todo:
+        hint = todo.pop()
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            if hint in seen:
+                continue
+            seen.add(hint)
+            for name, info in hint.model_fields.items():
+                found.add(name)
+                found.update(a for a in (info.alias, info.validation_alias) if isinstance(a, str))
+                todo.append(info.annotation)
+        else:
+            todo.extend(get_args(hint))
+    return frozenset(found)
 
 
 @dataclass(frozen=True)

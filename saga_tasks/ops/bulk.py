@@ -11,6 +11,7 @@ participant with a limit gets them at its pace; ``rate`` paces the run itself.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,13 @@ from typing import Any
 
 from saga_tasks.app import SagaApp
 from saga_tasks.core.events import OperatorAction, OperatorVerb
-from saga_tasks.errors import ActionRefused, InputError, SagaNotFound
+from saga_tasks.errors import (
+    ActionRefused,
+    InputError,
+    SagaNotFound,
+    UnknownDefinitionVersion,
+    UnknownSagaType,
+)
 from saga_tasks.persistence import bulk
 from saga_tasks.persistence.bulk import Selection
 from saga_tasks.persistence.db import translated
@@ -102,6 +109,7 @@ def run(
 ) -> Progress:
     """Act with ``verb`` on each saga of ``selection`` the incident has not reached."""
     action = _action(verb, actor=actor, reason=reason, step=step, resolution=resolution)
+    _known_step(app, selection, step)
     options = {"step": step, "resolution": action.resolution}
     clock = app.clock
     url = app.settings.database_url
@@ -120,6 +128,13 @@ def run(
         left = bulk.count_pending(conn, incident, selection)
         counts = bulk.tally(conn, incident)
     _same_run(found, asked)
+    # An incident is about the sagas there were when it began: one started since (or
+    # after a run finished, when the incident is run again) is not part of it.
+    cap = found.started_at
+    if selection.created_before is None or selection.created_before > cap:
+        selection = dataclasses.replace(selection, created_before=cap)
+        with translated(url), app.engine.connect() as conn:
+            left = bulk.count_pending(conn, incident, selection)
     accepted, refused, moved = counts[bulk.ACCEPTED], counts[bulk.REFUSED], counts[bulk.MOVED]
     progress = Progress(incident, left + accepted + refused + moved, accepted, refused, moved)
     on_progress(progress)
@@ -133,6 +148,9 @@ def run(
     while True:
         with translated(url), app.engine.connect() as conn:
             batch = bulk.pending(conn, incident, selection, BATCH)
+            # Sagas leave the selection while the run goes (an operator, a reply): the
+            # total is what was reached and what is still to reach.
+            progress.total = progress.done + bulk.count_pending(conn, incident, selection)
         if not batch:
             break
         for saga_id in batch:
@@ -165,14 +183,16 @@ def _one(
                     progress.moved += 1
                     progress.this_run += 1
                 return
-            messages, _after = app.orchestrator.act_in(conn, saga_id, action, expect_version=None)
-            if not bulk.reached(
-                conn, incident, saga_id, outcome=bulk.ACCEPTED, now=app.clock.now()
-            ):
+            # The row first: a run of the same incident that got here first has it, and
+            # this one then does nothing (no decision, no log line, no metric).
+            if not bulk.reached(conn, incident, saga_id, outcome=bulk.ACCEPTED, now=now):
                 raise _Reached
+            messages, _after = app.orchestrator.act_in(conn, saga_id, action, expect_version=None)
     except _Reached:
         return
-    except (ActionRefused, SagaNotFound) as refused:
+    except (ActionRefused, SagaNotFound, UnknownDefinitionVersion, UnknownSagaType) as refused:
+        # What stops this saga, not the run: the decider's refusal, or a definition this
+        # process does not load (the saga is left for a process that does).
         with translated(url), app.engine.begin() as conn:
             if bulk.reached(
                 conn,
@@ -208,8 +228,9 @@ def _action(
         raise InputError("a bulk action needs --actor and --reason")
     if verb in ("retry-step", "skip-step") and not step:
         raise InputError(f"bulk {verb} needs --step")
-    if verb == "resolve" and not resolution:
-        raise InputError("bulk resolve needs --to (COMPLETED, COMPENSATED or FAILED)")
+    finals = ("COMPLETED", "COMPENSATED", "FAILED")
+    if verb == "resolve" and (not resolution or resolution.upper() not in finals):
+        raise InputError(f"bulk resolve needs --to, one of {', '.join(finals)}")
     return OperatorAction(
         verb=VERBS[verb],
         actor=actor.strip(),
@@ -217,6 +238,17 @@ def _action(
         step=step,
         resolution=resolution.upper() if resolution else None,
     )
+
+
+def _known_step(app: SagaApp, selection: Selection, step: str | None) -> None:
+    """Refuse, before the incident is begun, a step no loaded definition (of the
+    selected type) has: every saga would refuse it, and the name would be spent."""
+    if step is None:
+        return
+    definitions = [d for d in app.registry if selection.saga_type in (None, d.saga_type)]
+    if not any(step in d.by_name for d in definitions):
+        known = sorted({n for d in definitions for n in d.by_name})
+        raise InputError(f"no saga definition loaded here has a step {step!r} ({', '.join(known)})")
 
 
 def _same_run(found: bulk.Run, asked: bulk.Run) -> None:

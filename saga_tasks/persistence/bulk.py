@@ -99,11 +99,16 @@ def sample(conn: Connection, sel: Selection, limit: int) -> list[dict[str, Any]]
 
 
 def lock_if_selected(conn: Connection, saga_id: str, sel: Selection) -> bool:
-    """Lock the saga's row if the selection still holds it (the caller acts in this
-    transaction); False if it moved out of the selection since its batch was read."""
+    """Lock the saga's row, then say whether the selection still holds it (the caller acts
+    in this transaction); False if it moved out since its batch was read. Two statements:
+    the second, after the lock, sees every table as the lock's holder left it (a step's
+    error too, which a filtered ``FOR UPDATE`` would read from before its wait)."""
     s = saga_instance.c
-    query = select(s.saga_id).where(s.saga_id == saga_id, *_where(sel)).with_for_update()
-    return conn.execute(query).first() is not None
+    conn.execute(select(s.saga_id).where(s.saga_id == saga_id).with_for_update())
+    return (
+        conn.execute(select(s.saga_id).where(s.saga_id == saga_id, *_where(sel))).first()
+        is not None
+    )
 
 
 def _unreached(incident: str) -> ColumnElement[bool]:

@@ -119,3 +119,93 @@ def test_a_bulk_retry_killed_halfway_and_run_again_acts_once_on_each_saga(settin
         assert said["refusals"][0]["saga_id"] == other
     finally:
         app.close()
+
+
+def _in_review(app, keys):
+    ids = [
+        app.start_saga(app.registry.latest("stuck").saga_type, k, {"k": k}).saga_id for k in keys
+    ]
+    pump(app)
+    assert {app.orchestrator.get(i).status for i in ids} == {SagaStatus.MANUAL_REVIEW}
+    return ids
+
+
+def test_an_incident_is_about_the_sagas_there_were_when_it_began(settings):
+    from saga_tasks.ops import bulk
+    from saga_tasks.persistence.bulk import Selection
+
+    app = ready(build(settings))
+    try:
+        with app.engine.begin() as conn:
+            create_participant_tables(conn, desk.schema)
+            create_redelivery_table(conn, desk.schema)
+        first = _in_review(app, ["a-1", "a-2", "a-3"])
+        review = Selection(status="MANUAL_REVIEW")
+        kw = {"actor": "ana", "reason": "closed by hand", "resolution": "FAILED"}
+        done = bulk.run(app, "inc-cap", "resolve", review, **kw)
+        assert (done.accepted, done.total) == (3, 3)
+        later = _in_review(app, ["a-4"])
+        again = bulk.run(app, "inc-cap", "resolve", review, **kw)
+        assert (again.this_run, again.accepted) == (0, 3)
+        assert app.orchestrator.get(later[0]).status is SagaStatus.MANUAL_REVIEW
+        assert {app.orchestrator.get(i).status for i in first} == {SagaStatus.FAILED}
+    finally:
+        app.close()
+
+
+def test_a_saga_this_process_cannot_decide_is_refused_and_the_run_goes_on(settings):
+    from saga_tasks import saga, step
+    from saga_tasks.ops import bulk
+    from saga_tasks.persistence.bulk import Selection
+    from tests.integration.bulk_app import STUCK, charge, hold, unhold
+
+    newer = saga(
+        "stuck",
+        step("hold", hold, compensation=unhold, timeout=60),
+        step("charge", charge, timeout=60, depends_on=["hold"]),
+        version=2,
+    )
+    both = ready(
+        type(build(settings))(sagas=[STUCK, newer], participants=[desk], settings=settings)
+    )
+    app = build(settings)
+    try:
+        with app.engine.begin() as conn:
+            create_participant_tables(conn, desk.schema)
+            create_redelivery_table(conn, desk.schema)
+        (v2,) = _in_review(both, ["v2-old"])  # started first, under version 2
+        with app.engine.begin() as conn:
+            conn.execute(text("UPDATE saga.saga_instance SET created_at = created_at - "
+                              "interval '1 hour' WHERE saga_id = :id"), {"id": v2})  # fmt: skip
+        v1 = _in_review(app, ["v1-a", "v1-b"])
+        review = Selection(status="MANUAL_REVIEW")
+        kw = {"actor": "ana", "reason": "closed by hand", "resolution": "FAILED"}
+        done = bulk.run(app, "inc-versions", "resolve", review, **kw)
+        assert (done.accepted, done.refused) == (2, 1)
+        assert done.refusals[0][0] == v2 and "version 2" in done.refusals[0][1]
+        assert {app.orchestrator.get(i).status for i in v1} == {SagaStatus.FAILED}
+        assert both.orchestrator.get(v2).status is SagaStatus.MANUAL_REVIEW
+    finally:
+        app.close()
+        both.close()
+
+
+def test_a_mistyped_option_is_refused_before_the_incident_is_begun(settings):
+    import pytest
+
+    from saga_tasks.errors import InputError
+    from saga_tasks.ops import bulk
+    from saga_tasks.persistence.bulk import Selection
+
+    app = ready(build(settings))
+    try:
+        review = Selection(status="MANUAL_REVIEW")
+        with pytest.raises(InputError, match="needs --to, one of COMPLETED, COMPENSATED, FAILED"):
+            bulk.run(
+                app, "inc-typo", "resolve", review, actor="a", reason="r", resolution="COMPLETD"
+            )
+        with pytest.raises(InputError, match="no saga definition loaded here has a step 'hodl'"):
+            bulk.run(app, "inc-typo", "retry-step", review, actor="a", reason="r", step="hodl")
+        assert scalar(app.engine, "SELECT count(*) FROM saga.bulk_run") == 0
+    finally:
+        app.close()

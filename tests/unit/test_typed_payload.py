@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from saga_tasks import CommandContext, Participant
 from saga_tasks.errors import BusinessRejection
@@ -106,3 +106,50 @@ def test_the_handler_stays_a_frozen_record():
     assert dataclasses.is_dataclass(hold)
     with pytest.raises(dataclasses.FrozenInstanceError):
         hold.payload = None  # type: ignore[misc]
+
+
+class Tagged(BaseModel):
+    kind: Literal["cat"]
+    lives: int
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    balances: dict[str, int] = {}
+    pet: Tagged | None = Field(default=None, discriminator="kind")
+    items: list[int] = []
+
+
+def _refused(payload: dict[str, Any]) -> str:
+    stock = _participant()
+
+    @stock.command("hold", payload=Strict)
+    def hold(ctx: CommandContext, order: Strict) -> None:
+        return None
+
+    with pytest.raises(BusinessRejection) as refused:
+        hold(_context(payload))
+    return refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("payload", "said"),
+    [
+        ({"balances": {"4111111111111111": "x"}}, "balances.*: int_parsing"),
+        ({"secret-ssn-123-45-6789": 1}, "*: extra_forbidden"),
+        ({"pet": {"kind": "cat", "lives": "nine-4111"}}, "pet.*.lives: int_parsing"),
+        ({"items": [1, "card-4111"]}, "items.1: int_parsing"),
+    ],
+)
+def test_a_location_names_fields_and_positions_only_never_what_the_payload_holds(payload, said):
+    message = _refused(payload)
+    assert said in message, message
+    for secret in ("4111", "ssn", "nine"):
+        assert secret not in message
+
+
+def test_a_refusal_names_five_errors_and_counts_the_rest():
+    message = _refused({"items": ["x"] * 100_000})
+    assert message.count("int_parsing") == 5 and message.endswith("; +99995 more)")
+    assert len(message) < 300
