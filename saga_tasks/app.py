@@ -249,6 +249,8 @@ class SagaApp:
             relay_min_age=settings.relay_min_age,
             relay_batch=settings.relay_batch,
             sample_keep=settings.sample_keep,
+            retention_days=settings.retention_days,
+            purge_batch=settings.purge_batch,
             after_publish=lambda: self.hooks.relay(self.engine, clock),
         )
         counters = {

@@ -191,6 +191,20 @@ class Settings:
         604800.0,
         "Seconds samples of counts are kept (default a week); at least 2 x SAGA_SAMPLE_INTERVAL.",
     )
+    retention_days: float = _env(
+        "SAGA_RETENTION_DAYS",
+        30.0,
+        "Days a finished saga (COMPLETED, COMPENSATED, FAILED, or resolved so) is kept "
+        "after it finished, with its steps, history and held messages; then housekeeping "
+        "purges it, leaving a tombstone, and its business key may start a new saga. Sagas "
+        "active or in review are never purged. 0: kept forever. At least "
+        "SAGA_REPLAY_MAX_AGE.",
+    )
+    purge_batch: int = _env(
+        "SAGA_PURGE_BATCH",
+        500,
+        "Sagas purged per transaction (housekeeping and saga-tasks purge); at least 1.",
+    )
     alert_webhook: str = _env(
         "SAGA_ALERT_WEBHOOK",
         "",
@@ -403,6 +417,7 @@ class Settings:
             # Celery reads 0 as "unlimited": a worker would take its whole queue.
             ("prefetch_multiplier", "0 would let a worker take its whole queue"),
             ("reply_batch", "a batch of no replies applies none"),
+            ("purge_batch", "a purge of no saga never ends the ones due"),
         ):
             value = getattr(self, name)
             if value < 1:
@@ -424,6 +439,14 @@ class Settings:
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(
                 f"SAGA_METRICS_PORT={self.metrics_port} must be 0 (none) or a port, 0 to 65535"
+            )
+        if not math.isfinite(self.retention_days) or self.retention_days < 0:
+            raise ConfigurationError("SAGA_RETENTION_DAYS must be 0 (kept forever) or more days")
+        if 0 < self.retention_days * 86400 < self.replay_max_age:
+            raise ConfigurationError(
+                f"SAGA_RETENTION_DAYS={self.retention_days} is shorter than "
+                f"SAGA_REPLAY_MAX_AGE={self.replay_max_age} s: a held message could be "
+                "replayed into a saga already purged"
             )
         if self.sample_keep < 2 * self.sample_interval:
             raise ConfigurationError(

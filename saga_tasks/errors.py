@@ -23,6 +23,7 @@
     │   ├── InvalidPayload
     │   ├── BusinessKeyConflict
     │   ├── SagaNotFound
+    │   │   └── SagaPurged        it existed, and was purged after its retention
     │   ├── ActionRefused         an operator action that does not fit the saga's state
     │   └── VersionMismatch       --expect-version is not the saga's version
     ├── InvalidMessage                park: a message that makes no sense, never retried
@@ -156,6 +157,23 @@ class BusinessKeyConflict(InputError):
 
 class SagaNotFound(InputError):
     """No saga has that id."""
+
+
+class SagaPurged(SagaNotFound):
+    """The saga existed, finished, and was purged after its retention: its tombstone
+    says how it ended and when (``status``, ``finished_at``, ``purged_at``)."""
+
+    def __init__(self, saga_id: str, *, status: str, finished_at: Any, purged_at: Any) -> None:
+        super().__init__(
+            f"saga {saga_id} was purged at {purged_at:%Y-%m-%d %H:%M} UTC after its retention "
+            f"(it ended {status} at {finished_at:%Y-%m-%d %H:%M} UTC)"
+            if finished_at is not None
+            else f"saga {saga_id} was purged at {purged_at:%Y-%m-%d %H:%M} UTC (it ended {status})"
+        )
+        self.saga_id = saga_id
+        self.status = status
+        self.finished_at = finished_at
+        self.purged_at = purged_at
 
 
 class ActionRefused(InputError):

@@ -17,7 +17,7 @@ from typing import Any
 
 from saga_tasks.core.model import SagaState, StepState
 from saga_tasks.core.states import SagaStatus, StepStatus
-from saga_tasks.errors import SagaNotFound
+from saga_tasks.errors import SagaNotFound, SagaPurged
 
 Query = Callable[[str, Mapping[str, Any]], list[dict[str, Any]]]
 
@@ -104,6 +104,13 @@ def get(query: Query, saga_id: str) -> SagaState:
         raise SagaNotFound(f"{saga_id!r} is not a saga id (a UUID)") from None
     state = load(query, saga_id)
     if state is None:
+        gone = query(
+            "SELECT status, finished_at, purged_at FROM saga.purged_saga "
+            "WHERE saga_id = CAST(:saga_id AS uuid)",
+            {"saga_id": saga_id},
+        )
+        if gone:
+            raise SagaPurged(saga_id, **gone[0])
         raise SagaNotFound(f"no saga {saga_id}")
     return state
 

@@ -63,6 +63,11 @@ saga_instance = Table(
     Index("ix_saga_created", "created_at"),
     Index("ix_saga_status_created", "status", "created_at"),
     Index("ix_saga_business_key", "business_key"),
+    Index(
+        "ix_saga_finished",
+        "finished_at",
+        postgresql_where=text("status IN ('COMPLETED', 'COMPENSATED', 'FAILED')"),
+    ),
     schema=SAGA_SCHEMA,
 )
 
@@ -414,3 +419,18 @@ bulk_item = Table(
 """Each saga a bulk run reached: ``accepted`` (written in the transaction of the action
 itself, so a run killed at any instant never acts twice on a saga) or ``refused`` with
 the decider's reason."""
+
+purged_saga = Table(
+    "purged_saga",
+    metadata,
+    Column("saga_id", UUID(as_uuid=False), primary_key=True),
+    Column("saga_type", Text, nullable=False),
+    Column("business_key", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("purged_at", DateTime(timezone=True), nullable=False),
+    Index("ix_purged_saga_purged", "purged_at"),
+    schema=SAGA_SCHEMA,
+)
+"""What is left of a saga purged after its retention: enough to answer "purged" (how it
+ended, when) for an id that existed, rather than "no such saga"."""

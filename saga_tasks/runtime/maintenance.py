@@ -1,17 +1,19 @@
-"""The periodic jobs beside the sagas themselves: outbox recovery, status samples and
-the pruning of redelivery counts (beat runs each on the maintenance queue)."""
+"""The periodic jobs beside the sagas themselves: outbox recovery, status samples, the
+pruning of redelivery counts and the purge of sagas past their retention (beat runs each
+on the maintenance queue)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, Table
 
 from saga_tasks.core.clock import Clock
 from saga_tasks.messaging.publisher import Publisher
-from saga_tasks.persistence import redeliveries, samples
+from saga_tasks.persistence import purge, redeliveries, samples
 from saga_tasks.persistence.db import translated
 from saga_tasks.runtime.outlet import AfterPublish, relay
 
@@ -32,6 +34,8 @@ class Maintenance:
         relay_batch: int,
         sample_keep: float,
         redelivery_keep: float = 86400.0,
+        retention_days: float = 0.0,
+        purge_batch: int = 500,
         after_publish: Callable[[], AfterPublish | None] = lambda: None,
     ) -> None:
         self._engine = engine
@@ -42,6 +46,8 @@ class Maintenance:
         self.relay_batch = relay_batch
         self.sample_keep = sample_keep
         self.redelivery_keep = redelivery_keep
+        self.retention_days = retention_days
+        self.purge_batch = purge_batch
         self._after_publish = after_publish
 
     def recover_outboxes(self) -> dict[str, int]:
@@ -81,3 +87,38 @@ class Maintenance:
         if removed:
             log.info("forgot %d old redelivery counts", removed)
         return removed
+
+    def purge_finished(
+        self,
+        *,
+        before: datetime | None = None,
+        saga_type: str | None = None,
+        budget: float = 20.0,
+        on_batch: Callable[[int], None] = lambda _n: None,
+    ) -> int:
+        """Purge sagas finished before ``before`` (default: the retention ago; nothing
+        when retention is 0), a batch per transaction, until none is due or ``budget``
+        seconds have gone (the next run goes on): the number purged."""
+        if before is None:
+            if self.retention_days <= 0:
+                return 0
+            before = self.clock.now() - timedelta(days=self.retention_days)
+        engine = self._engine()
+        started = time.monotonic()
+        purged = 0
+        while True:
+            with translated(engine.url), engine.begin() as conn:
+                done = purge.purge_batch(
+                    conn,
+                    before=before,
+                    now=self.clock.now(),
+                    limit=self.purge_batch,
+                    saga_type=saga_type,
+                )
+            purged += done
+            on_batch(purged)
+            if done < self.purge_batch or time.monotonic() - started > budget:
+                break
+        if purged:
+            log.info("purged %d sagas finished before %s", purged, before.isoformat())
+        return purged

@@ -20,6 +20,7 @@ from saga_tasks.errors import (
     InvalidPayload,
     SagaNotFound,
     SagaOverloaded,
+    SagaPurged,
     SagaTasksError,
     ServiceUnavailable,
     UnknownDefinitionVersion,
@@ -82,6 +83,12 @@ def _unavailable(exc: ServiceUnavailable) -> Problem:
 
 _KINDS: tuple[tuple[type[SagaTasksError], Callable[[Any], Problem]], ...] = (
     # Most specific first: InvalidPayload and UnknownSagaType are InputErrors too.
+    (
+        SagaPurged,
+        lambda e: Problem(
+            410, "saga-purged", "Saga purged after its retention", str(e), status_was=e.status
+        ),
+    ),
     (SagaNotFound, lambda e: Problem(404, "saga-not-found", "No such saga", str(e))),
     (UnknownSagaType, lambda e: Problem(404, "unknown-saga-type", "Unknown saga type", str(e))),
     (InvalidPayload, lambda e: Problem(422, "invalid-payload", "Invalid payload", str(e))),
@@ -129,6 +136,7 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
         (401, "Missing or unknown bearer token"),
         (403, "The token lacks the scope this operation needs"),
         (404, "Not found"),
+        (410, "The saga was purged after its retention"),
         (409, "Conflict with the saga's state or version"),
         (422, "Invalid input"),
         (429, "Too many sagas in progress: retry after Retry-After seconds"),

@@ -259,10 +259,12 @@ def _register_orchestrator_tasks(
 
     @maintenance_task(HOUSEKEEPING_TASK)
     def housekeeping(self: Any) -> dict[str, int]:
-        """Prune what only matters for a while (redelivery counts, old schedule runs)."""
+        """Prune what only matters for a while (redelivery counts, old schedule runs) and
+        purge the sagas past their retention (SAGA_RETENTION_DAYS)."""
         return {
             "redeliveries_forgotten": parts.maintenance.forget_redeliveries(),
             "schedule_runs_forgotten": parts.timetable.forget_runs(),
+            "sagas_purged": parts.maintenance.purge_finished(),
         }
 
     # Late acks: a worker killed mid-firing leaves the firing to another; the business

@@ -138,13 +138,13 @@ def test_migrations_from_empty_twice_and_concurrently(template_database):
         ]
         outputs = [job.communicate(timeout=120)[0] for job in jobs]
         assert [job.returncode for job in jobs] == [0, 0, 0], outputs
-        expected = "saga_tasks at revision 0009\n" + "".join(
+        expected = "saga_tasks at revision 0010\n" + "".join(
             f"{n} at revision {HEADS[n]} ({n})\n" for n in names
         )
         assert all(out.endswith(expected) for out in outputs), outputs
         chain = {n: saga_app.participants[n].migrations for n in names}
-        assert upgrade(iso.database_url) == [("saga_tasks", "0009")]
-        assert current_revision(iso.database_url) == "0009"
+        assert upgrade(iso.database_url) == [("saga_tasks", "0010")]
+        assert current_revision(iso.database_url) == "0010"
 
         def tables(url: str) -> dict[str, int]:
             engine = create_engine(url, poolclass=NullPool)
@@ -183,7 +183,7 @@ def test_the_saga_schema_migrates_without_any_app(template_database):
             check=False,
         )
         assert alone.returncode == 0, alone.stderr
-        assert alone.stdout == "saga_tasks at revision 0009\n"
+        assert alone.stdout == "saga_tasks at revision 0010\n"
         assert "the saga schema only" in alone.stderr
 
         def schemas() -> dict[str, int]:
@@ -202,7 +202,7 @@ def test_the_saga_schema_migrates_without_any_app(template_database):
 
         assert schemas() == {"saga": len(metadata.tables) + 1}
         assert current_revisions(url, [orders.migrations]) == [
-            ("saga_tasks", "0009"),
+            ("saga_tasks", "0010"),
             ("orders", "none"),
         ]
         assert "orders" not in schemas()  # reading revisions created nothing

@@ -240,7 +240,7 @@ def test_the_wheel_alone_runs_a_users_saga_on_an_empty_database(
     with Isolation(admin_database_url=ADMIN_URL, prefix=PREFIX) as iso:
         env = {**base, **iso.env()}
         migrated = run(str(bin_dir / "saga-tasks"), "db", "upgrade", env=env)
-        assert migrated == "saga_tasks at revision 0009\nshop_migrations at revision 0001\n"
+        assert migrated == "saga_tasks at revision 0010\nshop_migrations at revision 0001\n"
 
         workers = []
         for name, queues in (

@@ -1,4 +1,5 @@
-"""``saga-tasks bulk VERB``: one operator verb on every saga a filter selects, by incident."""
+"""``saga-tasks bulk VERB``: one operator verb on every saga a filter selects, by incident;
+``saga-tasks purge``: finished sagas past their retention."""
 
 from __future__ import annotations
 
@@ -126,3 +127,68 @@ def _render_done(v: dict[str, Any]) -> None:
     )
     for r in v["refusals"]:
         click.echo(f"  refused {r['saga_id']}: {r['reason']}")
+
+
+@click.command("purge")
+@click.option("--finished-before", type=click.DateTime(),
+              help="Purge sagas that finished before this (UTC) [default: the retention ago, "
+              "SAGA_RETENTION_DAYS].")  # fmt: skip
+@click.option("--type", "saga_type", help="Only sagas of this type.")
+@click.option("--dry-run", is_flag=True, help="Count what would be purged; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def purge(
+    obj: Context,
+    *,
+    finished_before: datetime | None,
+    saga_type: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Purge finished sagas (COMPLETED, COMPENSATED, FAILED) with their steps, history and
+    held messages, a batch per transaction (SAGA_PURGE_BATCH), each leaving a tombstone so
+    its id answers "purged". Active sagas, sagas in review, and any still owing a message
+    or holding one a person has not settled are never purged. Beat's housekeeping does
+    this on its own after SAGA_RETENTION_DAYS."""
+    from datetime import UTC, timedelta
+
+    from saga_tasks.errors import InputError
+    from saga_tasks.persistence import purge as purging
+    from saga_tasks.persistence.db import translated
+
+    app = obj.app()
+    with errors():
+        if finished_before is None:
+            if app.settings.retention_days <= 0:
+                raise InputError("SAGA_RETENTION_DAYS is 0 (kept forever): give --finished-before")
+            before = app.clock.now() - timedelta(days=app.settings.retention_days)
+        else:
+            before = finished_before.replace(tzinfo=finished_before.tzinfo or UTC)
+        with translated(app.settings.database_url), app.engine.connect() as conn:
+            due = purging.due(conn, before=before, saga_type=saga_type)
+            oldest = purging.oldest_due(conn, before=before, saga_type=saga_type)
+        view: dict[str, Any] = {
+            "finished_before": before.isoformat(),
+            "saga_type": saga_type,
+            "due": due,
+            "oldest_finished_at": oldest.isoformat() if oldest is not None else None,
+        }
+        if not dry_run:
+
+            def said(purged: int) -> None:
+                click.echo(f"purged {purged} of {due}", err=True)
+
+            view["purged"] = app.maintenance.purge_finished(
+                before=before, saga_type=saga_type, budget=float("inf"), on_batch=said
+            )
+    emit(view, as_json, _render_purge)
+
+
+def _render_purge(v: dict[str, Any]) -> None:
+    what = f"{v['due']} sagas finished before {v['finished_before']}"
+    if v["saga_type"]:
+        what += f" of type {v['saga_type']}"
+    if "purged" in v:
+        click.echo(f"purged {v['purged']} ({what} were due)")
+    else:
+        click.echo(f"would purge {what} (oldest finished {v['oldest_finished_at'] or '-'})")
