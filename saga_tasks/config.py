@@ -193,12 +193,12 @@ class Settings:
     )
     retention_days: float = _env(
         "SAGA_RETENTION_DAYS",
-        30.0,
+        0.0,
         "Days a finished saga (COMPLETED, COMPENSATED, FAILED, or resolved so) is kept "
         "after it finished, with its steps, history and held messages; then housekeeping "
         "purges it, leaving a tombstone, and its business key may start a new saga. Sagas "
-        "active or in review are never purged. 0: kept forever. At least "
-        "SAGA_REPLAY_MAX_AGE.",
+        "active or in review are never purged. 0 (the default, so an upgrade deletes "
+        "nothing): kept forever; 30 is a common choice. At least SAGA_REPLAY_MAX_AGE.",
     )
     purge_batch: int = _env(
         "SAGA_PURGE_BATCH",

@@ -164,16 +164,23 @@ class SagaPurged(SagaNotFound):
     says how it ended and when (``status``, ``finished_at``, ``purged_at``)."""
 
     def __init__(self, saga_id: str, *, status: str, finished_at: Any, purged_at: Any) -> None:
+        purged_utc = _utc(purged_at)
+        ended = f" at {_utc(finished_at):%Y-%m-%d %H:%M} UTC" if finished_at is not None else ""
         super().__init__(
-            f"saga {saga_id} was purged at {purged_at:%Y-%m-%d %H:%M} UTC after its retention "
-            f"(it ended {status} at {finished_at:%Y-%m-%d %H:%M} UTC)"
-            if finished_at is not None
-            else f"saga {saga_id} was purged at {purged_at:%Y-%m-%d %H:%M} UTC (it ended {status})"
+            f"saga {saga_id} was purged at {purged_utc:%Y-%m-%d %H:%M} UTC after its retention "
+            f"(it ended {status}{ended})"
         )
         self.saga_id = saga_id
         self.status = status
         self.finished_at = finished_at
         self.purged_at = purged_at
+
+
+def _utc(at: Any) -> Any:
+    """A time from the database (in the session's zone) shown in UTC."""
+    from datetime import UTC
+
+    return at.astimezone(UTC) if getattr(at, "tzinfo", None) is not None else at
 
 
 class ActionRefused(InputError):

@@ -203,3 +203,9 @@ def step_evidence(conn: Connection, saga_id: str) -> tuple[Any, list[Any], list[
         )
     )
     return head, steps, history
+
+
+def purged(conn: Connection) -> set[str]:
+    """Ids of the sagas purged after their retention (``saga.purged_saga``)."""
+    rows = conn.execute(text("SELECT saga_id::text FROM saga.purged_saga"))
+    return {str(r) for r in rows.scalars()}

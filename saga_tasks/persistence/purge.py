@@ -12,7 +12,6 @@ strand that person. Sagas active or in review are never chosen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +26,14 @@ _DUE = """
       AND NOT EXISTS (SELECT 1 FROM saga.outbox o
                       WHERE o.saga_id = s.saga_id AND o.published_at IS NULL)
       AND NOT EXISTS (SELECT 1 FROM saga.held_message h
-                      WHERE h.saga_id = s.saga_id AND h.status = 'pending')"""
+                      WHERE h.saga_id = s.saga_id AND h.status = 'pending')
+      AND NOT EXISTS (SELECT 1 FROM saga.saga_step t
+                      WHERE t.saga_id = s.saga_id
+                        AND (t.status IN ('REQUESTED', 'COMPENSATING')
+                             OR t.last_error = 'fencing'
+                             OR (t.status = 'TIMED_OUT' AND t.given_up
+                                 AND coalesce(t.last_error, '')
+                                     NOT IN ('late_success', 'late_failure'))))"""
 
 _PURGE = text(
     f"""WITH chosen AS (
@@ -48,7 +54,6 @@ _PURGE = text(
     held AS (DELETE FROM saga.held_message t USING chosen c WHERE t.saga_id = c.saga_id),
     alerts AS (DELETE FROM saga.alert_sent t USING chosen c WHERE t.saga_id = c.saga_id),
     waits AS (DELETE FROM saga.saga_dispatch t USING chosen c WHERE t.saga_id = c.saga_id),
-    keys AS (DELETE FROM saga.api_idempotency t USING chosen c WHERE t.saga_id = c.saga_id),
     bulk AS (DELETE FROM saga.bulk_item t USING chosen c WHERE t.saga_id = c.saga_id),
     gone AS (DELETE FROM saga.saga_instance t USING chosen c WHERE t.saga_id = c.saga_id
              RETURNING 1)
@@ -77,25 +82,3 @@ def due(conn: Connection, *, before: datetime, saga_type: str | None = None) -> 
 def oldest_due(conn: Connection, *, before: datetime, saga_type: str | None = None) -> Any:
     """When the oldest saga due finished, or None."""
     return conn.execute(_OLDEST, {"before": before, "saga_type": saga_type}).scalar_one()
-
-
-@dataclass(frozen=True)
-class Tombstone:
-    saga_id: str
-    saga_type: str
-    business_key: str
-    status: str
-    finished_at: datetime | None
-    purged_at: datetime
-
-
-def tombstone(conn: Connection, saga_id: str) -> Tombstone | None:
-    """What is left of a purged saga, or None (it was never purged)."""
-    row = conn.execute(
-        text(
-            "SELECT saga_id::text, saga_type, business_key, status, finished_at, purged_at "
-            "FROM saga.purged_saga WHERE saga_id = CAST(:saga_id AS uuid)"
-        ),
-        {"saga_id": saga_id},
-    ).first()
-    return None if row is None else Tombstone(*row)

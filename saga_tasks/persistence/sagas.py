@@ -584,6 +584,15 @@ _DROP_OLDEST = text(
 )
 
 
+def hold_row(conn: Connection, saga_id: str) -> bool:
+    """Lock the saga's row until this transaction ends, as a decision does (a purge waits
+    for it, and it for a purge); False if there is no such saga (or it was just purged)."""
+    found = conn.execute(
+        select(saga_instance.c.saga_id).where(saga_instance.c.saga_id == saga_id).with_for_update()
+    ).first()
+    return found is not None
+
+
 def append_note_if_exists(
     conn: Connection,
     saga_id: str,
@@ -593,11 +602,14 @@ def append_note_if_exists(
     message_id: str | None,
     now: datetime,
 ) -> bool:
-    """A held message's note (one of ``NOTES``) on a saga that may not exist, without
-    locking it; True if written. The saga keeps the newest ``NOTES_KEPT`` of its kind:
-    the oldest beyond go, counted (the tally's row lock orders two notes at once)."""
+    """A held message's note (one of ``NOTES``) on a saga that may not exist; True if
+    written. The saga's row is locked (as a decision locks it, so a later lock in this
+    transaction is no upgrade to deadlock on), and a purge is waited for: a note never
+    outlives the saga it names. The saga keeps the newest
+    ``NOTES_KEPT`` of its kind: the oldest beyond go, counted (the tally's row lock orders
+    two notes at once)."""
     status = conn.execute(
-        select(saga_instance.c.status).where(saga_instance.c.saga_id == saga_id)
+        select(saga_instance.c.status).where(saga_instance.c.saga_id == saga_id).with_for_update()
     ).scalar_one_or_none()
     if status is None:
         return False

@@ -99,6 +99,18 @@ def _newest(conn: Connection, names: Sequence[str], *, errors_only: bool) -> dic
     return {r["schedule"]: dict(r) for r in conn.execute(stmt).mappings()}
 
 
+def started(conn: Connection, schedule: str, tick: datetime) -> str | None:
+    """The saga the tick started, if a firing of it did (its saga may since be purged:
+    the business key alone would let the tick start a second one)."""
+    run = schedule_run.c
+    found = conn.execute(
+        select(run.saga_id).where(
+            run.schedule == schedule, run.tick == tick, run.saga_id.is_not(None)
+        )
+    ).scalar_one_or_none()
+    return None if found is None else str(found)
+
+
 def runs(conn: Connection, schedule: str, limit: int = 100) -> list[dict[str, Any]]:
     """The newest runs of one schedule, newest first."""
     run = schedule_run.c

@@ -182,6 +182,7 @@ def ledger_table(schema: str, meta: MetaData = metadata) -> Table:
 
 
 saga_outbox = outbox_table(SAGA_SCHEMA)
+Index("ix_saga_outbox_saga", saga_outbox.c.saga_id)  # the purge finds a saga's rows
 
 inbox = Table(
     "inbox",
@@ -191,6 +192,7 @@ inbox = Table(
     Column("saga_id", UUID(as_uuid=False)),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("consumer", "message_id", name="pk_inbox"),
+    Index("ix_inbox_saga", "saga_id"),
     schema=SAGA_SCHEMA,
 )
 
@@ -414,6 +416,7 @@ bulk_item = Table(
     Column("detail", Text),
     Column("at", DateTime(timezone=True), nullable=False),
     PrimaryKeyConstraint("incident", "saga_id", name="pk_bulk_item"),
+    Index("ix_bulk_item_saga", "saga_id"),
     schema=SAGA_SCHEMA,
 )
 """Each saga a bulk run reached: ``accepted`` (written in the transaction of the action

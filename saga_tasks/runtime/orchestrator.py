@@ -736,6 +736,7 @@ def _lock_at(conn: Connection, saga_id: str, expect_version: int | None) -> Saga
     """Lock a saga an operator acts on; refuse if it moved since they looked."""
     state = sagas.lock(conn, saga_id)
     if state is None:
+        sagas.get(conn, saga_id)  # SagaPurged for a purged saga, else SagaNotFound
         raise SagaNotFound(f"no saga {saga_id}")
     _at_version(state, expect_version)
     return state

@@ -152,6 +152,11 @@ class Timetable:
     def _start_saga(self, firing: _Firing, payload: dict[str, Any]) -> Fired:
         schedule, fields = firing.schedule, firing.fields
         engine = self._engine()
+        with translated(engine.url), engine.connect() as conn:
+            before = schedule_runs.started(conn, schedule.name, firing.tick)
+        if before is not None:
+            log.info("the tick started its saga before; nothing more started", extra=fields)
+            return self._record(firing, Fired("existing", before))
         try:
             with translated(engine.url), Session(engine) as session, session.begin():
                 handle = self._start(schedule.saga_type, firing.key, payload, session=session)

@@ -43,7 +43,17 @@ SALE = saga(
     step("take", take, compensation=give_back, timeout=60),
     step("confirm", confirm, timeout=60, depends_on=["take"]),
 )
-TABLES = ("saga_step", "saga_history", "outbox", "inbox", "saga_note_tally", "saga_dispatch")
+TABLES = (
+    "saga_step",
+    "saga_history",
+    "outbox",
+    "inbox",
+    "saga_note_tally",
+    "saga_dispatch",
+    "held_message",
+    "alert_sent",
+    "bulk_item",
+)
 
 
 def test_finished_sagas_are_purged_and_nothing_else(settings, isolation):
@@ -52,7 +62,21 @@ def test_finished_sagas_are_purged_and_nothing_else(settings, isolation):
         with app.engine.begin() as conn:
             create_participant_tables(conn, till.schema)
             create_redelivery_table(conn, till.schema)
-        done = [app.start_saga("sale", f"ok-{i}", {}).saga_id for i in range(5)]
+        from fastapi.testclient import TestClient
+
+        from saga_tasks.web import create_web_app
+
+        client = TestClient(create_web_app(app))
+        bearer = {"Authorization": f"Bearer {ANA_TOKEN}"}
+        posted = client.post(
+            "/sagas/sale",
+            json={"business_key": "web-1", "payload": {}},
+            headers={**bearer, "Idempotency-Key": "key-1"},
+        )
+        assert posted.status_code == 202, posted.text
+        done = [app.start_saga("sale", f"ok-{i}", {}).saga_id for i in range(4)]
+        done.append(posted.json()["saga_id"])
+        unknown = app.start_saga("sale", "unknown-outcome", {}).saga_id
         undone = [app.start_saga("sale", f"no-{i}", {"refuse": True}).saga_id for i in range(2)]
         review = app.start_saga("sale", "stuck", {"refuse": True, "stick": True}).saga_id
         pump(app)
@@ -64,6 +88,12 @@ def test_finished_sagas_are_purged_and_nothing_else(settings, isolation):
                 text("UPDATE saga.outbox SET published_at = NULL WHERE message_id = "
                      "(SELECT message_id FROM saga.outbox WHERE saga_id = :id LIMIT 1)"),
                 {"id": owing},
+            )  # fmt: skip
+        with app.engine.begin() as conn:  # a step given up, its outcome never told
+            conn.execute(
+                text("UPDATE saga.saga_step SET status = 'TIMED_OUT', given_up = true "
+                     "WHERE saga_id = :id AND step = 'confirm'"),
+                {"id": unknown},
             )  # fmt: skip
         before = app.clock.now() + timedelta(seconds=1)
         with app.engine.connect() as conn:
@@ -83,7 +113,7 @@ def test_finished_sagas_are_purged_and_nothing_else(settings, isolation):
                 ).scalar()
                 assert left == 0, table
             kept = conn.execute(text("SELECT count(*) FROM saga.saga_instance")).scalar()
-        assert kept == 3  # in review, active, owing
+        assert kept == 4  # in review, active, owing, an outcome still unknown
         assert app.orchestrator.get(review).status is SagaStatus.MANUAL_REVIEW
         assert app.orchestrator.get(active).status is SagaStatus.RUNNING
         assert app.orchestrator.get(owing).status is SagaStatus.COMPLETED
@@ -97,14 +127,22 @@ def test_finished_sagas_are_purged_and_nothing_else(settings, isolation):
         assert shown.returncode == 2 and "was purged at" in shown.stderr
         assert "it ended COMPENSATED" in shown.stderr
 
-        from fastapi.testclient import TestClient
-
-        from saga_tasks.web import create_web_app
-
-        client = TestClient(create_web_app(app))
-        answer = client.get(f"/sagas/{done[1]}", headers={"Authorization": f"Bearer {ANA_TOKEN}"})
+        answer = client.get(f"/sagas/{done[1]}", headers=bearer)
         assert answer.status_code == 410
         assert answer.json()["status_was"] == "COMPLETED"
+        # A client retrying its start after the purge is told so, not given a second saga.
+        retried = client.post(
+            "/sagas/sale",
+            json={"business_key": "web-1", "payload": {}},
+            headers={**bearer, "Idempotency-Key": "key-1"},
+        )
+        assert retried.status_code == 410, retried.text
+        with pytest.raises(SagaPurged):
+            app.orchestrator.signal(done[1], "take", {}, actor="ana", reason="late")
+        from saga_tasks.testing.invariants import lost_messages
+
+        said = " ".join(lost_messages(app.engine, [till]))
+        assert not [i for i in gone if i in said], "a purged saga's inbox is no loss"
 
         # Its business key is free again: a new saga, not the purged one.
         again = app.start_saga("sale", "ok-1", {})
@@ -117,7 +155,18 @@ def test_finished_sagas_are_purged_and_nothing_else(settings, isolation):
                 {"id": owing},
             )
         assert app.maintenance.purge_finished(before=before, budget=60) == 1
+        with app.engine.begin() as conn:  # a late answer told the outcome
+            conn.execute(
+                text("UPDATE saga.saga_step SET last_error = 'late_success' "
+                     "WHERE saga_id = :id AND step = 'confirm'"),
+                {"id": unknown},
+            )  # fmt: skip
+        assert app.maintenance.purge_finished(before=before, budget=60) == 1
         assert app.maintenance.purge_finished(before=before, budget=60) == 0
+
+        env = {**isolation.env(), "SAGA_TASKS_APP": "tests.integration.bulk_app:saga_app"}
+        soon = saga_cli("purge", "--finished-before", "2999-01-01", env=env)
+        assert soon.returncode == 2 and "is within SAGA_REPLAY_MAX_AGE" in soon.stderr
     finally:
         app.close()
 

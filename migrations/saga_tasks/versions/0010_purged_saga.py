@@ -2,11 +2,11 @@
 found by an index on when they finished, and each leaves a tombstone so its id answers
 "purged" rather than "no such saga".
 
-The index is a plain build, in the migration's transaction: on a large saga table it
-holds writes back while it builds (seconds per million rows). To avoid that, build it
-beforehand with ``CREATE INDEX CONCURRENTLY ix_saga_finished ON saga.saga_instance
-(finished_at) WHERE status IN ('COMPLETED', 'COMPENSATED', 'FAILED')``; this migration then
-finds it and builds nothing.
+The indexes (finished sagas by ``finished_at``; the saga outbox's, the inbox's and the
+bulk items' rows by saga) are plain builds, in the migration's transaction: on large
+tables they hold writes back while they build (seconds per million rows). To avoid that,
+build them beforehand with ``CREATE INDEX CONCURRENTLY`` under the names and definitions
+of ``INDEXES`` below; this migration then finds them valid and builds nothing.
 
 Revision ID: 0010
 Revises: 0009
@@ -40,12 +40,34 @@ def upgrade() -> None:
         schema="saga",
     )
     op.create_index("ix_purged_saga_purged", "purged_saga", ["purged_at"], schema="saga")
+    for name, table, columns, where in INDEXES:
+        _index(name, table, columns, where)
+
+
+INDEXES = (
+    ("ix_saga_finished", "saga_instance", "finished_at", FINISHED),
+    # The purge deletes a saga's rows by its id: without these it scans whole tables.
+    ("ix_saga_outbox_saga", "outbox", "saga_id", None),
+    ("ix_inbox_saga", "inbox", "saga_id", None),
+    ("ix_bulk_item_saga", "bulk_item", "saga_id", None),
+)
+
+
+def _index(name: str, table: str, columns: str, where: str | None) -> None:
+    """Build the index unless a valid one of its name exists (built beforehand
+    CONCURRENTLY); one left invalid by a failed concurrent build is built again."""
     op.execute(
-        f"CREATE INDEX IF NOT EXISTS ix_saga_finished ON saga.saga_instance (finished_at) "
-        f"WHERE {FINISHED}"
+        f"""DO $$ BEGIN
+          IF EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                     JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = 'saga' AND c.relname = '{name}' AND NOT i.indisvalid)
+          THEN DROP INDEX saga.{name}; END IF; END $$"""  # noqa: S608 - names of INDEXES
     )
+    clause = f" WHERE {where}" if where else ""
+    op.execute(f"CREATE INDEX IF NOT EXISTS {name} ON saga.{table} ({columns}){clause}")
 
 
 def downgrade() -> None:
-    op.drop_index("ix_saga_finished", table_name="saga_instance", schema="saga")
+    for name, *_ in INDEXES:
+        op.execute(f"DROP INDEX IF EXISTS saga.{name}")
     op.drop_table("purged_saga", schema="saga")

@@ -135,6 +135,9 @@ def _render_done(v: dict[str, Any]) -> None:
               "SAGA_RETENTION_DAYS].")  # fmt: skip
 @click.option("--type", "saga_type", help="Only sagas of this type.")
 @click.option("--dry-run", is_flag=True, help="Count what would be purged; change nothing.")
+@click.option("--force", is_flag=True,
+              help="Purge sagas finished within SAGA_REPLAY_MAX_AGE too (their held messages "
+              "could still be replayed).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def purge(
@@ -143,6 +146,7 @@ def purge(
     finished_before: datetime | None,
     saga_type: str | None,
     dry_run: bool,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Purge finished sagas (COMPLETED, COMPENSATED, FAILED) with their steps, history and
@@ -164,6 +168,13 @@ def purge(
             before = app.clock.now() - timedelta(days=app.settings.retention_days)
         else:
             before = finished_before.replace(tzinfo=finished_before.tzinfo or UTC)
+        horizon = app.clock.now() - timedelta(seconds=app.settings.replay_max_age)
+        if before > horizon and not force:
+            raise InputError(
+                f"--finished-before {before:%Y-%m-%d %H:%M} is within SAGA_REPLAY_MAX_AGE "
+                f"({app.settings.replay_max_age:g} s): a held message of such a saga could "
+                f"still be replayed; give {horizon:%Y-%m-%d %H:%M} or earlier, or --force"
+            )
         with translated(app.settings.database_url), app.engine.connect() as conn:
             due = purging.due(conn, before=before, saga_type=saga_type)
             oldest = purging.oldest_due(conn, before=before, saga_type=saga_type)
