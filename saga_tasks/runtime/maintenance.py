@@ -93,12 +93,13 @@ class Maintenance:
         *,
         before: datetime | None = None,
         saga_type: str | None = None,
-        budget: float = 20.0,
+        budget: float = 5.0,
         on_batch: Callable[[int], None] = lambda _n: None,
     ) -> int:
         """Purge sagas finished before ``before`` (default: the retention ago; nothing
         when retention is 0), a batch per transaction, until none is due or ``budget``
-        seconds have gone (the next run goes on): the number purged."""
+        seconds have gone (the next run goes on; housekeeping shares the orchestrator's
+        worker with the replies, so it keeps to a few seconds): the number purged."""
         if before is None:
             if self.retention_days <= 0:
                 return 0
