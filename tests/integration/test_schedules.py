@@ -262,3 +262,27 @@ def test_the_dashboard_and_the_api_show_the_schedules(app, clock):
     nightly = page.text.split('data-schedule="nightly"')[1].split("</tr>")[0]
     assert "cron 0 2 * * *" in nightly and " 02:00:00" in nightly
     assert 'href="/ui/schedules"' in page.text, "in the navigation"
+
+
+def test_a_tick_whose_saga_was_purged_starts_no_other(app, clock):
+    from datetime import timedelta
+
+    from sqlalchemy import text
+
+    s = app.timetable.by_name["every-second"]
+    tick = s.tick_at(clock.now())
+    first = app.timetable.fire(s.name, format_tick(tick))
+    with app.engine.begin() as conn:  # it ended a while ago (its queue has no consumer)
+        conn.execute(
+            text(
+                "UPDATE saga.saga_step SET status = 'SUCCEEDED' WHERE saga_id = :id;"
+                "UPDATE saga.outbox SET published_at = :at WHERE saga_id = :id;"
+                "UPDATE saga.saga_instance SET status = 'COMPLETED', finished_at = :at "
+                "WHERE saga_id = :id"
+            ),
+            {"id": first.saga_id, "at": clock.now() - timedelta(seconds=5)},
+        )
+    assert app.maintenance.purge_finished(before=clock.now()) == 1
+    again = app.timetable.fire(s.name, format_tick(tick))
+    assert (again.outcome, again.saga_id) == ("existing", first.saga_id)
+    assert rows(app.engine, "SELECT * FROM saga.saga_instance WHERE saga_type = 'tick'") == []

@@ -30,3 +30,19 @@ def test_made_again_from_its_own_parts_it_says_the_same():
     again = ServiceUnavailable(first.service, first.url, first.detail)
     assert str(again) == str(first) == "cannot reach Redis at redis://:***@cache:6379/0: *** no"
     assert "pw-123" not in pickle.dumps(first.args).decode("latin-1")
+
+
+def test_a_purged_saga_is_told_in_utc_whatever_zone_the_database_session_speaks():
+    from datetime import datetime, timedelta, timezone
+
+    from saga_tasks.errors import SagaPurged
+
+    new_york = timezone(timedelta(hours=-5))
+    told = SagaPurged(
+        "6b354f96-73dc-4e47-b48b-02921f11da44",
+        status="COMPENSATED",
+        finished_at=datetime(2026, 12, 4, 7, 0, tzinfo=new_york),
+        purged_at=datetime(2027, 1, 3, 21, 0, tzinfo=new_york),
+    )
+    assert "purged at 2027-01-04 02:00 UTC" in str(told)
+    assert "it ended COMPENSATED at 2026-12-04 12:00 UTC" in str(told)
