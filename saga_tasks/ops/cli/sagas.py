@@ -156,10 +156,17 @@ def list_(
     def render(v: dict[str, Any]) -> None:
         if not v["sagas"]:
             click.echo("no sagas")
+            return
+        # VERSION is the saga's row version, what --expect-version takes (not its
+        # definition's version).
+        click.echo(
+            f"{'SAGA_ID':<36}  {'TYPE':<10} {'STATUS':<14} {'VERSION':<7} "
+            f"{'CREATED':<32}  BUSINESS_KEY"
+        )
         for s in v["sagas"]:
             click.echo(
-                f"{s['saga_id']}  {s['saga_type']:<10} {s['status']:<14} v{s['version']:<3} "
-                f"{s['created_at']}  {s['business_key']}"
+                f"{s['saga_id']}  {s['saga_type']:<10} {s['status']:<14} {s['version']:<7} "
+                f"{s['created_at']!s:<32}  {s['business_key']}"
             )
 
     emit(view, as_json, render)
