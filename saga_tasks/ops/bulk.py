@@ -124,33 +124,24 @@ def run(
         finished_at=None,
     )
     with translated(url), app.engine.begin() as conn:
-        found, _new = bulk.begin(conn, asked)
-        left = bulk.count_pending(conn, incident, selection)
+        found = bulk.begin(conn, asked)
         counts = bulk.tally(conn, incident)
     _same_run(found, asked)
     # An incident is about the sagas there were when it began: one started since (or
     # after a run finished, when the incident is run again) is not part of it.
-    cap = found.started_at
-    if selection.created_before is None or selection.created_before > cap:
-        selection = dataclasses.replace(selection, created_before=cap)
-        with translated(url), app.engine.connect() as conn:
-            left = bulk.count_pending(conn, incident, selection)
-    accepted, refused, moved = counts[bulk.ACCEPTED], counts[bulk.REFUSED], counts[bulk.MOVED]
-    progress = Progress(incident, left + accepted + refused + moved, accepted, refused, moved)
-    on_progress(progress)
-    said = OperatorAction(
-        verb=action.verb,
-        actor=action.actor,
-        reason=f"{action.reason} [incident {incident}]",
-        step=action.step,
-        resolution=action.resolution,
+    if selection.created_before is None or selection.created_before > found.started_at:
+        selection = dataclasses.replace(selection, created_before=found.started_at)
+    progress = Progress(
+        incident, 0, counts[bulk.ACCEPTED], counts[bulk.REFUSED], counts[bulk.MOVED]
     )
+    said = dataclasses.replace(action, reason=f"{action.reason} [incident {incident}]")
     while True:
         with translated(url), app.engine.connect() as conn:
             batch = bulk.pending(conn, incident, selection, BATCH)
             # Sagas leave the selection while the run goes (an operator, a reply): the
             # total is what was reached and what is still to reach.
             progress.total = progress.done + bulk.count_pending(conn, incident, selection)
+        on_progress(progress)
         if not batch:
             break
         for saga_id in batch:

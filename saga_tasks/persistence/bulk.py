@@ -9,7 +9,6 @@ never acts twice on one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -48,11 +47,6 @@ class Selection:
         }
 
 
-def _like(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 def _where(sel: Selection) -> list[ColumnElement[bool]]:
     s = saga_instance.c
     found: list[ColumnElement[bool]] = []
@@ -67,16 +61,15 @@ def _where(sel: Selection) -> list[ColumnElement[bool]]:
     if sel.created_before is not None:
         found.append(s.created_at < sel.created_before)
     if sel.key_prefix is not None:
-        found.append(s.business_key.like(_like(sel.key_prefix)[1:], escape="\\"))
+        found.append(s.business_key.startswith(sel.key_prefix, autoescape=True))
     if sel.error is not None:
-        pattern = _like(sel.error)
         step_error = exists().where(
             and_(
                 saga_step.c.saga_id == s.saga_id,
-                saga_step.c.last_error.ilike(pattern, escape="\\"),
+                saga_step.c.last_error.icontains(sel.error, autoescape=True),
             )
         )
-        found.append(or_(s.status_reason.ilike(pattern, escape="\\"), step_error))
+        found.append(or_(s.status_reason.icontains(sel.error, autoescape=True), step_error))
     return found
 
 
@@ -150,10 +143,10 @@ class Run:
     finished_at: datetime | None
 
 
-def begin(conn: Connection, run: Run) -> tuple[Run, bool]:
-    """The incident's run: this one, inserted, or the one already under its name
-    (``False``: it was there), for the caller to check it is the same."""
-    row = conn.execute(
+def begin(conn: Connection, run: Run) -> Run:
+    """The incident's run: this one, inserted, or the one already under its name, for
+    the caller to check it is the same."""
+    conn.execute(
         pg_insert(bulk_run)
         .values(
             incident=run.incident,
@@ -165,34 +158,15 @@ def begin(conn: Connection, run: Run) -> tuple[Run, bool]:
             started_at=run.started_at,
         )
         .on_conflict_do_nothing(index_elements=["incident"])
-        .returning(bulk_run.c.incident)
-    ).first()
-    if row is not None:
-        return run, True
+    )
     found = find(conn, run.incident)
     assert found is not None
-    return found, False
+    return found
 
 
 def find(conn: Connection, incident: str) -> Run | None:
     row = conn.execute(select(bulk_run).where(bulk_run.c.incident == incident)).first()
-    if row is None:
-        return None
-    m = row._mapping
-    return Run(
-        incident=m["incident"],
-        verb=m["verb"],
-        selection=_json(m["selection"]),
-        options=_json(m["options"]),
-        actor=m["actor"],
-        reason=m["reason"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-    )
-
-
-def _json(value: Any) -> dict[str, Any]:
-    return dict(json.loads(value) if isinstance(value, str) else value)
+    return None if row is None else Run(**row._mapping)
 
 
 def reached(

@@ -13,7 +13,6 @@ strand that person. Sagas active or in review are never chosen.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Connection, text
 
@@ -60,9 +59,7 @@ _PURGE = text(
     SELECT count(*) FROM gone"""  # noqa: S608 - one constant string; values are bound
 )
 
-_COUNT = text(f"SELECT count(*) {_DUE}")
-
-_OLDEST = text(f"SELECT min(s.finished_at) {_DUE}")
+_DUE_NOW = text(f"SELECT count(*), min(s.finished_at) {_DUE}")
 
 
 def purge_batch(
@@ -74,11 +71,10 @@ def purge_batch(
     return int(conn.execute(_PURGE, params).scalar_one())
 
 
-def due(conn: Connection, *, before: datetime, saga_type: str | None = None) -> int:
-    """How many sagas a purge with these bounds would take now (a dry run)."""
-    return int(conn.execute(_COUNT, {"before": before, "saga_type": saga_type}).scalar_one())
-
-
-def oldest_due(conn: Connection, *, before: datetime, saga_type: str | None = None) -> Any:
-    """When the oldest saga due finished, or None."""
-    return conn.execute(_OLDEST, {"before": before, "saga_type": saga_type}).scalar_one()
+def due(
+    conn: Connection, *, before: datetime, saga_type: str | None = None
+) -> tuple[int, datetime | None]:
+    """How many sagas a purge with these bounds would take now, and when the oldest of
+    them finished (a dry run)."""
+    count, oldest = conn.execute(_DUE_NOW, {"before": before, "saga_type": saga_type}).one()
+    return int(count), oldest

@@ -584,15 +584,6 @@ _DROP_OLDEST = text(
 )
 
 
-def hold_row(conn: Connection, saga_id: str) -> bool:
-    """Lock the saga's row until this transaction ends, as a decision does (a purge waits
-    for it, and it for a purge); False if there is no such saga (or it was just purged)."""
-    found = conn.execute(
-        select(saga_instance.c.saga_id).where(saga_instance.c.saga_id == saga_id).with_for_update()
-    ).first()
-    return found is not None
-
-
 def append_note_if_exists(
     conn: Connection,
     saga_id: str,

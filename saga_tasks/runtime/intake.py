@@ -284,10 +284,9 @@ class Intake:
                 is not None
             ):
                 return None, False  # stored before, and its ack was lost: nothing more to do
-            # Held first, so a purge of the saga cannot run between this read and the
-            # held row's write (the row would outlive the saga it names).
-            known = saga_id is not None and sagas.hold_row(conn, saga_id)
-            state = sagas.load(conn, saga_id) if known and saga_id is not None else None
+            # Locked, so a purge of the saga cannot run between this read and the held
+            # row's write (the row would outlive the saga it names).
+            state = sagas.lock(conn, saga_id) if saga_id is not None else None
             if state is None:
                 saga_id = None
             doubt = self._doubt(holding, sender, state, facts)

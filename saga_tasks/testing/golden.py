@@ -77,7 +77,10 @@ def replay(definition: SagaDefinition, path: Path | str) -> dict[str, Any]:
     """Decide a golden file's events again against ``definition``; return the document the
     run makes now (equal to the file's when nothing changed). ``GoldenMismatch`` when the
     file's saga is another type."""
-    recorded = _load(Path(path))
+    return _replayed(definition, _load(Path(path)), Path(path))
+
+
+def _replayed(definition: SagaDefinition, recorded: dict[str, Any], path: Path) -> dict[str, Any]:
     if recorded["saga"] != definition.saga_type:
         raise GoldenMismatch(
             f"{path} records a {recorded['saga']!r} saga, not {definition.saga_type!r}"
@@ -94,9 +97,9 @@ def replay(definition: SagaDefinition, path: Path | str) -> dict[str, Any]:
     )
     turns = []
     for turn in recorded["turns"]:
-        now = created + _delta(turn["at"])
-        event = _decode_event(turn["event"])
-        decision = decide(definition, state, event, now)
+        decision = decide(
+            definition, state, _decode_event(turn["event"]), created + timedelta(seconds=turn["at"])
+        )
         state = decision.state
         turns.append(
             {"at": turn["at"], "event": turn["event"], "decision": _render(decision, created)}
@@ -120,17 +123,19 @@ def check(driver: SagaDriver, path: Path | str) -> None:
             )
         return
     was = _load(path)
-    replayed = replay(driver.definition, path)
-    if _dump(was) == _dump(now) and _dump(replayed) == _dump(was):
+    expected, ran, replayed = (
+        _dump(d) for d in (was, now, _replayed(driver.definition, was, path))
+    )
+    if expected == ran == replayed:
         return
     if update:
         _write(path, now)
         return
     parts = []
-    if _dump(replayed) != _dump(was):
-        parts.append(_diff(was, replayed, path, "its events decided now"))
-    if _dump(now) != _dump(was):
-        parts.append(_diff(was, now, path, "the test's run"))
+    if replayed != expected:
+        parts.append(_diff(expected, replayed, path, "its events decided now"))
+    if ran != expected:
+        parts.append(_diff(expected, ran, path, "the test's run"))
     raise GoldenMismatch("\n".join(parts) + f"\nif the change is meant, {UPDATE}=1 rewrites {path}")
 
 
@@ -251,10 +256,6 @@ def _seconds(at: datetime, created: datetime) -> float:
     return round((at - created).total_seconds(), 6)
 
 
-def _delta(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds)
-
-
 def _dump(document: Mapping[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -274,10 +275,10 @@ def _load(path: Path) -> dict[str, Any]:
     return document
 
 
-def _diff(was: Mapping[str, Any], now: Mapping[str, Any], path: Path, what: str) -> str:
+def _diff(was: str, now: str, path: Path, what: str) -> str:
     lines = difflib.unified_diff(
-        _dump(was).splitlines(keepends=True),
-        _dump(now).splitlines(keepends=True),
+        was.splitlines(keepends=True),
+        now.splitlines(keepends=True),
         fromfile=str(path),
         tofile=what,
     )

@@ -14,19 +14,24 @@ from saga_tasks import human_step, saga, step
 from saga_tasks.testing import SagaDriver, golden
 from saga_tasks.testing.golden import GoldenMismatch
 
-TRIP = saga(
-    "trip",
-    step("hotel", "hotels.book", compensation="hotels.cancel", queue="hotels.commands"),
-    step(
-        "flight",
-        "flights.book",
-        compensation="flights.cancel",
-        queue="flights.commands",
-        depends_on=["hotel"],
-        timeout=30,
-    ),
-    human_step("approve", depends_on=["flight"], timeout=3600),
-)
+
+def _trip(flight_timeout: float = 30):
+    return saga(
+        "trip",
+        step("hotel", "hotels.book", compensation="hotels.cancel", queue="hotels.commands"),
+        step(
+            "flight",
+            "flights.book",
+            compensation="flights.cancel",
+            queue="flights.commands",
+            depends_on=["hotel"],
+            timeout=flight_timeout,
+        ),
+        human_step("approve", depends_on=["flight"], timeout=3600),
+    )
+
+
+TRIP = _trip()
 
 
 def _sold_out(definition=TRIP) -> SagaDriver:
@@ -62,19 +67,7 @@ def test_a_changed_definition_shows_as_a_diff_and_the_update_switch_accepts_it(
     monkeypatch.delenv(golden.UPDATE)
 
     # A release where the flight's deadline is longer: the same events decide otherwise.
-    slower = saga(
-        "trip",
-        step("hotel", "hotels.book", compensation="hotels.cancel", queue="hotels.commands"),
-        step(
-            "flight",
-            "flights.book",
-            compensation="flights.cancel",
-            queue="flights.commands",
-            depends_on=["hotel"],
-            timeout=90,
-        ),
-        human_step("approve", depends_on=["flight"], timeout=3600),
-    )
+    slower = _trip(flight_timeout=90)
     with pytest.raises(GoldenMismatch) as differs:
         golden.check(_sold_out(slower), path)
     diff = str(differs.value)

@@ -176,8 +176,7 @@ def purge(
                 f"still be replayed; give {horizon:%Y-%m-%d %H:%M} or earlier, or --force"
             )
         with translated(app.settings.database_url), app.engine.connect() as conn:
-            due = purging.due(conn, before=before, saga_type=saga_type)
-            oldest = purging.oldest_due(conn, before=before, saga_type=saga_type)
+            due, oldest = purging.due(conn, before=before, saga_type=saga_type)
         view: dict[str, Any] = {
             "finished_before": before.isoformat(),
             "saga_type": saga_type,
